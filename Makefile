@@ -1,0 +1,21 @@
+# Two commands: `make train` and `make test`. Both create .venv from requirements.txt
+# when it is missing or older than requirements.txt.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The flagship script once it exists, else the first algorithm.
+TRAIN_SCRIPT := $(if $(wildcard vmpo_continuous.py),vmpo_continuous.py,ppo_discrete.py)
+
+.PHONY: train test docs
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -r requirements.txt
+	touch $@
+
+train: $(VENV)/.installed
+	$(PY) $(TRAIN_SCRIPT)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest

@@ -1,0 +1,61 @@
+"""Utilities shared by the tests: run a script's real CLI, read TensorBoard files back,
+check a trained agent against a probe's expected outcomes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(script: str, args: Sequence[str], cwd: Path | str | None = None, timeout: float = 600,
+            script_dir: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python <script_dir>/<script> <args>`` as a user would; return the finished process."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, str(Path(script_dir) / script), *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def single_run_dir(output_dir: Path | str) -> Path:
+    """The one run directory a single training run created under ``output_dir``."""
+    dirs = [d for d in Path(output_dir).iterdir() if d.is_dir()]
+    assert len(dirs) == 1, f"expected one run directory under {output_dir}, found {dirs}"
+    return dirs[0]
+
+
+def read_scalars(run_dir: Path | str) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the TensorBoard event files of ``run_dir``: tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def check_probe(env_id: str, gamma: float, value_fn: Callable[[np.ndarray], np.ndarray],
+                action_fn: Callable[[np.ndarray], np.ndarray], policy_return_fn: Callable[[float], float],
+                value_tol: float, action_tol: float) -> None:
+    """Assert a trained agent matches ``probe_envs.expected_outcomes(env_id, gamma)``.
+
+    value_fn / action_fn map raw observations ``(n, 1)`` to values ``(n,)`` and
+    deterministic actions ``(n,)`` (discrete index or continuous value).
+    policy_return_fn(obs) is the stochastic policy's expected reward from that
+    observation, the target of the value where the table says ``None``.
+    """
+    import probe_envs
+
+    for check in probe_envs.expected_outcomes(env_id, gamma):
+        obs = np.array([[check.obs]], dtype=np.float32)
+        value = float(np.asarray(value_fn(obs)).reshape(-1)[0])
+        target = policy_return_fn(check.obs) if check.value is None else check.value
+        assert abs(value - target) < value_tol, f"{env_id}: V({check.obs}) = {value:.4f}, expected {target:.4f} ± {value_tol}"
+        if check.action is not None:
+            action = float(np.asarray(action_fn(obs)).reshape(-1)[0])
+            assert abs(action - check.action) <= action_tol, (
+                f"{env_id}: action at obs {check.obs} = {action:.4f}, expected {check.action} ± {action_tol}")
