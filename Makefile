@@ -19,3 +19,8 @@ train: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
+
+# Regenerate the rendered math pages from the scripts' `# LaTeX:` comments, then build the site.
+docs: $(VENV)/.installed
+	$(PY) tools/render_math_docs.py
+	$(PY) -m mkdocs build --strict

@@ -33,9 +33,10 @@ class ProbeEnv(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, probe: int, continuous: bool):
+    def __init__(self, probe: int, continuous: bool, render_mode: str | None = None):
         assert probe in (1, 2, 3, 4, 5), f"probe must be 1..5, got {probe}"
         self.probe, self.continuous = probe, continuous
+        self.render_mode = render_mode  # accepted for a uniform gym.make call; probes draw nothing
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
         if continuous:
             self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)

@@ -1,0 +1,189 @@
+"""Pieces shared by the benchmark tools (`run.py`, `report.py`, `throughput.py`).
+
+- which algorithm script a name means, and importing it by path;
+- the command-line shapes they share (`-- <script args>` pass-through, config tags,
+  step budgets such as `200k` or `1M`);
+- the results CSV: its columns, a locked atomic writer, a typed reader;
+- reading the evaluation curve of one run back from its TensorBoard events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import fcntl
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Iterable, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+ALGOS = ("ppo_discrete", "ppo_continuous", "vmpo_continuous")
+DEFAULT_TAG = "default"
+
+# One row per evaluation of one run. `wall_time` is seconds since the run's first
+# TensorBoard event (the script opening its writer), so it includes the evaluations.
+RESULT_FIELDS = ("algo", "tag", "env", "seed", "budget", "step", "wall_time", "eval_return", "eval_std")
+RUN_KEY = ("algo", "tag", "env", "seed", "budget")  # the columns naming one run
+
+
+class BenchmarkError(Exception):
+    """Bad input or a failed step: reported as one line, without a traceback."""
+
+
+def exit_on_error(main):
+    """Run ``main()``; a BenchmarkError becomes ``error: <message>`` on stderr and exit code 1."""
+    try:
+        return main()
+    except BenchmarkError as e:
+        sys.exit(f"error: {e}")
+
+
+def resolve_script(algo: str) -> Path:
+    """`ppo_continuous` -> `<repo>/ppo_continuous.py`; a path to a `.py` file is taken as is."""
+    path = Path(algo) if algo.endswith(".py") else ROOT / f"{algo}.py"
+    if not path.is_file():
+        raise BenchmarkError(f"--algo {algo!r}: no script at {path} (use one of {', '.join(ALGOS)} or a path to a .py file)")
+    return path.resolve()
+
+
+def load_script(path: Path) -> ModuleType:
+    """Import an algorithm script as a module by its path (importing it runs nothing)."""
+    if str(path.parent) not in sys.path:  # as when run directly: its neighbours (probe_envs) importable
+        sys.path.insert(1, str(path.parent))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses and pickling look the module up by name
+    spec.loader.exec_module(module)
+    for name in ("Args", "train", "make_vector_env"):
+        if not hasattr(module, name):
+            raise BenchmarkError(f"{path} has no `{name}`; the benchmark tools need Args, train and make_vector_env")
+    return module
+
+
+def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split ``[tool args] -- [script args]`` at the first ``--``."""
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def reject_managed(extra: Sequence[str], managed: Iterable[str], tool: str) -> None:
+    """Script args that the tool sets itself must not be passed through (it would be ambiguous which wins)."""
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in managed:
+            raise BenchmarkError(f"{flag} is set by {tool}; pass it to {tool} itself, not after `--`")
+
+
+def config_tag(tag: str | None, extra: Sequence[str]) -> str:
+    """The label of a config in the results: ``--tag`` if given, else the pass-through args, else 'default'."""
+    if tag:
+        return tag
+    return " ".join(a.lstrip("-") for a in extra) if extra else DEFAULT_TAG
+
+
+def slug(text: str) -> str:
+    """A file-name-safe version of an env id or tag."""
+    return re.sub(r"[^A-Za-z0-9._=+-]+", "-", text).strip("-") or "_"
+
+
+def parse_steps(text: str) -> int:
+    """'200000', '200_000', '200k', '1M', '1e6' -> int; a clear error otherwise."""
+    t = text.strip().replace("_", "")
+    scale = {"k": 1_000, "m": 1_000_000}.get(t[-1:].lower(), 1)
+    try:
+        value = float(t[:-1] if scale > 1 else t) * scale
+    except ValueError:
+        value = -1
+    if value <= 0 or value != int(value):
+        raise BenchmarkError(f"step count {text!r} is not a positive whole number (e.g. 200000, 200k, 1M)")
+    return int(value)
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """Exclusive lock on the folder of ``path`` so several processes can share one results file
+    (locking the folder, not a ``.lock`` file beside it, leaves nothing behind)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """Header and rows (as strings) of a CSV file; empty when the file does not exist."""
+    if not path.exists():
+        return [], []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def write_rows(path: Path, fields: Sequence[str], rows: Sequence[dict], replace: dict | None = None) -> None:
+    """Append ``rows`` to the CSV at ``path`` under a lock, atomically (temp file + os.replace).
+
+    With ``replace`` (column -> value), existing rows matching it are dropped first, so
+    writing a run's rows twice (a run redone after a crash) never duplicates them.
+    """
+    path = Path(path)
+    with locked(path):
+        header, old = read_csv(path)
+        if header and header != list(fields):
+            raise BenchmarkError(f"{path} has columns {header}, expected {list(fields)}; write to a new file")
+        if replace:
+            old = [r for r in old if any(r[k] != str(v) for k, v in replace.items())]
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(fields))
+            writer.writeheader()
+            writer.writerows(old)
+            writer.writerows({k: row[k] for k in fields} for row in rows)
+        os.replace(tmp, path)
+
+
+def read_results(paths: Iterable[Path]) -> list[dict]:
+    """Rows of one or more results CSVs, with numbers as numbers (empty eval_std -> NaN)."""
+    rows = []
+    for path in paths:
+        header, raw = read_csv(Path(path))
+        if not header:
+            raise BenchmarkError(f"{path}: no such results file (or it is empty)")
+        missing = [f for f in RESULT_FIELDS if f not in header]
+        if missing:
+            raise BenchmarkError(f"{path}: not a results CSV, missing columns {missing}")
+        for r in raw:
+            rows.append({**r, "seed": int(r["seed"]), "budget": int(r["budget"]), "step": int(r["step"]),
+                         "wall_time": float(r["wall_time"]), "eval_return": float(r["eval_return"]),
+                         "eval_std": float(r["eval_std"] or "nan")})
+    return rows
+
+
+def read_eval_curve(run_dir: Path) -> list[dict]:
+    """Evaluations logged by one run: [{step, wall_time, eval_return, eval_std}], by step.
+
+    If a step was logged twice (a periodic evaluation falling on the last step and the
+    final evaluation), the later event wins.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    if "eval/return_mean" not in tags:
+        return []
+    start = acc.FirstEventTimestamp()
+    stds = {e.step: e.value for e in acc.Scalars("eval/return_std")} if "eval/return_std" in tags else {}
+    by_step = {e.step: {"step": e.step, "wall_time": e.wall_time - start, "eval_return": e.value,
+                        "eval_std": stds.get(e.step, float("nan"))}
+               for e in sorted(acc.Scalars("eval/return_mean"), key=lambda e: e.wall_time)}
+    return [by_step[s] for s in sorted(by_step)]

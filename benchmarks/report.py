@@ -1,0 +1,125 @@
+"""Turn results CSVs (from `run.py`) into a Markdown table and PNG learning curves.
+
+    python benchmarks/report.py benchmarks/results/*.csv --out benchmarks/results/
+
+Writes `<out>/results.md` (also printed) with one row per algo/tag x env: the final
+evaluation return as mean ± std over seeds (population std, ddof=0), each seed's value,
+the steps and the mean wall time; and `<out>/curves_<env>.png` per env: eval return against
+env steps and against wall time, one line per algo/tag (mean over seeds, min-max band).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+TABLE_HEADER = ("| env | algo | tag | budget | seeds | final eval return (mean ± std) | per seed | steps | wall time |\n"
+                "|---|---|---|---|---|---|---|---|---|")
+
+
+def group_runs(rows: list[dict]) -> dict[tuple, dict[int, list[dict]]]:
+    """(env, algo, tag, budget) -> {seed: that run's evaluations sorted by step}."""
+    groups: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        groups[(r["env"], r["algo"], r["tag"], r["budget"])][r["seed"]].append(r)
+    return {k: {s: sorted(v[s], key=lambda r: r["step"]) for s in sorted(v)} for k, v in sorted(groups.items())}
+
+
+def fmt_duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def fmt_range(values: list[float], fmt) -> str:
+    lo, hi = min(values), max(values)
+    return fmt(lo) if lo == hi else f"{fmt(lo)}–{fmt(hi)}"
+
+
+def table(groups: dict) -> str:
+    lines = [TABLE_HEADER]
+    for (env, algo, tag, budget), seeds in groups.items():
+        finals = [runs[-1] for runs in seeds.values()]
+        returns = np.array([f["eval_return"] for f in finals])
+        lines.append(" | ".join([
+            f"| {env}", algo, tag, f"{budget:,}", ", ".join(map(str, seeds)),
+            f"{returns.mean():.1f} ± {returns.std():.1f}",
+            " / ".join(f"{v:.1f}" for v in returns),
+            fmt_range([f["step"] for f in finals], lambda v: f"{v:,}"),
+            fmt_duration(float(np.mean([f["wall_time"] for f in finals]))) + " |"]))
+    return "\n".join(lines) + "\n"
+
+
+def seed_band(seeds: dict[int, list[dict]], x_key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x grid, mean, min and max over seeds of the eval return; each seed interpolated
+    linearly onto the union of their x values, up to where the shortest seed ends."""
+    curves = [(np.array([r[x_key] for r in runs], float), np.array([r["eval_return"] for r in runs], float))
+              for runs in seeds.values()]
+    end = min(x[-1] for x, _ in curves)
+    grid = np.unique(np.concatenate([x[x <= end] for x, _ in curves]))
+    ys = np.stack([np.interp(grid, x, y) for x, y in curves])
+    return grid, ys.mean(0), ys.min(0), ys.max(0)
+
+
+def plot_env(env: str, groups: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    budgets_per_config = defaultdict(set)
+    for _, algo, tag, budget in groups:
+        budgets_per_config[(algo, tag)].add(budget)
+    longest = max(r["wall_time"] for seeds in groups.values() for runs in seeds.values() for r in runs)
+    unit, per_unit = next((u, d) for u, d in (("hours", 3600), ("minutes", 60), ("seconds", 1)) if longest >= 2 * d or d == 1)
+    for (_, algo, tag, budget), seeds in groups.items():
+        label = algo if tag == common.DEFAULT_TAG else f"{algo} [{tag}]"
+        if len(budgets_per_config[(algo, tag)]) > 1:
+            label += f" @{budget:,}"
+        label += f" ({len(seeds)} seed{'s' * (len(seeds) > 1)})"
+        for ax, x_key, scale in ((axes[0], "step", 1.0), (axes[1], "wall_time", 1 / per_unit)):
+            x, mean, lo, hi = seed_band(seeds, x_key)
+            (line,) = ax.plot(x * scale, mean, label=label)
+            ax.fill_between(x * scale, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    axes[0].set_xlabel("env steps")
+    axes[1].set_xlabel(f"wall time ({unit})")
+    for ax in axes:
+        ax.set_ylabel("eval return (mean, min–max over seeds)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    fig.suptitle(env)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("csv", nargs="+", type=Path, help="results CSVs written by run.py")
+    p.add_argument("--out", type=Path, help="folder for results.md and the PNGs (default: the first CSV's folder)")
+    args = p.parse_args()
+    rows = common.read_results(args.csv)
+    if not rows:
+        raise common.BenchmarkError(f"no result rows in {[str(c) for c in args.csv]}")
+    out = args.out or args.csv[0].parent
+    out.mkdir(parents=True, exist_ok=True)
+    groups = group_runs(rows)
+    md = table(groups)
+    (out / "results.md").write_text(md)
+    print(md, end="")
+    for env in sorted({k[0] for k in groups}):
+        path = out / f"curves_{common.slug(env)}.png"
+        plot_env(env, {k: v for k, v in groups.items() if k[0] == env}, path)
+        print(f"wrote {path}")
+    print(f"wrote {out / 'results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(common.exit_on_error(main))

@@ -1,0 +1,217 @@
+r"""Run one algorithm script over a grid of env ids x seeds at a step budget, in parallel.
+
+    python benchmarks/run.py --algo ppo_continuous --env dm_control/cartpole/balance \
+        --seeds 1 2 --budget 200k --out benchmarks/results/ppo_continuous.csv [-- --num-envs 4]
+
+Each run is the script's real command line in its own process (`--jobs`, default one per
+core), with its own `--output-dir`. When it finishes, its evaluations are read back from
+the TensorBoard events (`eval/return_mean`, `eval/return_std`) and written to the CSV, one
+row per evaluation (columns in `common.RESULT_FIELDS`), and the run is marked done.
+
+Resumable: the same command again skips finished runs; a run that was killed halfway
+(no done marker) is deleted and redone, and its rows replace any it left in the CSV.
+Arguments after `--` go to the script; they name the config in the CSV's `tag` column
+unless `--tag` is given. Budgets: one number for every env, and/or `ENV=N` per env.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+MANAGED = ("--env-id", "--seed", "--total-timesteps", "--output-dir")
+LOG_TAIL_LINES = 15
+
+
+@dataclass
+class Run:
+    algo: str
+    tag: str
+    env: str
+    seed: int
+    budget: int
+    dir: Path
+
+    @property
+    def key(self) -> dict:
+        return {"algo": self.algo, "tag": self.tag, "env": self.env, "seed": self.seed, "budget": self.budget}
+
+    @property
+    def done_file(self) -> Path:
+        return self.dir / "done.json"
+
+    def __str__(self) -> str:
+        return f"{self.algo} [{self.tag}] {self.env} seed {self.seed} ({self.budget} steps)"
+
+
+def parse_budgets(items: list[str], envs: list[str]) -> dict[str, int]:
+    """`['200k', 'dm_control/walker/walk=1M']` -> {env: budget} for every env of the grid."""
+    default, per_env = None, {}
+    for item in items:
+        if "=" in item:
+            env, steps = item.rsplit("=", 1)
+            per_env[env] = common.parse_steps(steps)
+        else:
+            default = common.parse_steps(item)
+    unknown = sorted(set(per_env) - set(envs))
+    if unknown:
+        raise common.BenchmarkError(f"--budget names envs not in --env: {unknown}")
+    missing = [e for e in envs if e not in per_env and default is None]
+    if missing:
+        raise common.BenchmarkError(f"no --budget for {missing}: give one number for all envs or ENV=N for each")
+    return {e: per_env.get(e, default) for e in envs}
+
+
+def plan(args, extra: list[str]) -> list[Run]:
+    """Every run of the grid, longest first (better packing of the parallel jobs)."""
+    budgets = parse_budgets(args.budget, args.env)
+    algo = args.script.stem
+    runs = [Run(algo, args.tag, env, seed, budgets[env],
+                args.work_dir / algo / common.slug(args.tag) / common.slug(env) / f"seed{seed}-{budgets[env]}")
+            for env in args.env for seed in args.seeds]
+    for run in (r for r in runs if r.done_file.exists()):  # never mix two configs under one tag
+        done = json.loads(run.done_file.read_text())
+        if (done["tag"], done["extra_args"]) != (run.tag, extra):
+            raise common.BenchmarkError(f"{run}: {run.dir} holds a finished run of tag {done['tag']!r} with script "
+                                        f"args {done['extra_args']}, not {extra}; give this config its own --tag")
+    return sorted(runs, key=lambda r: -r.budget)
+
+
+class Runner:
+    def __init__(self, args, extra: list[str]):
+        self.args, self.extra = args, extra
+        self.lock = threading.Lock()  # console lines and the process list
+        self.procs: set[subprocess.Popen] = set()
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # One thread per process when the cores are shared out, unless the user chose otherwise.
+        self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
+
+    def say(self, msg: str) -> None:
+        with self.lock:
+            print(msg, flush=True)
+
+    def command(self, run: Run) -> list[str]:
+        return [sys.executable, str(self.args.script), "--env-id", run.env, "--seed", str(run.seed),
+                "--total-timesteps", str(run.budget), "--output-dir", str(run.dir / "tb"), *self.extra]
+
+    def record(self, run: Run) -> list[dict]:
+        """Read the run's evaluations back from its TensorBoard events into CSV rows (replacing old ones)."""
+        run_dirs = sorted((d for d in (run.dir / "tb").glob("*") if d.is_dir()), key=lambda d: d.stat().st_mtime)
+        curve = common.read_eval_curve(run_dirs[-1]) if run_dirs else []
+        if not curve:
+            raise common.BenchmarkError(f"{run}: no eval/return_mean in the TensorBoard events under {run.dir / 'tb'}")
+        rows = [{**run.key, "step": p["step"], "wall_time": round(p["wall_time"], 3),
+                 "eval_return": round(p["eval_return"], 4), "eval_std": round(p["eval_std"], 4)} for p in curve]
+        common.write_rows(self.args.out, common.RESULT_FIELDS, rows, replace=run.key)
+        return rows
+
+    def execute(self, run: Run) -> bool:
+        """Run one grid point from scratch; True when it finished and its rows are in the CSV."""
+        if run.dir.exists():
+            shutil.rmtree(run.dir)  # a run killed halfway: start it again
+        run.dir.mkdir(parents=True)
+        start = time.time()
+        with open(run.dir / "log.txt", "w") as log:
+            proc = subprocess.Popen(self.command(run), cwd=run.dir, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            with self.lock:
+                self.procs.add(proc)
+            rc = proc.wait()
+            with self.lock:
+                self.procs.discard(proc)
+        if rc != 0:
+            tail = (run.dir / "log.txt").read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            self.say(f"FAILED {run}: exit code {rc}, log {run.dir / 'log.txt'}:\n    " + "\n    ".join(tail))
+            return False
+        try:
+            rows = self.record(run)
+        except common.BenchmarkError as e:
+            self.say(f"FAILED {e}")
+            return False
+        final = rows[-1]
+        run.done_file.write_text(json.dumps({**run.key, "extra_args": self.extra, "rows": len(rows),
+                                             "final_step": final["step"], "final_eval_return": final["eval_return"],
+                                             "seconds": time.time() - start}, indent=1))
+        self.say(f"done    {run}: eval return {final['eval_return']:.1f} at step {final['step']}, "
+                 f"{time.time() - start:.0f}s")
+        return True
+
+    def run_all(self, runs: list[Run]) -> int:
+        todo = [r for r in runs if not r.done_file.exists()]
+        # Finished runs whose rows are missing (e.g. a deleted CSV) are read back, not rerun.
+        _, existing = common.read_csv(self.args.out)
+        have = {tuple(r[k] for k in common.RUN_KEY) for r in existing}
+        for run in runs:
+            if run not in todo and tuple(str(v) for v in run.key.values()) not in have:
+                self.record(run)
+        self.say(f"{len(runs)} runs: {len(runs) - len(todo)} already done, {len(todo)} to run "
+                 f"with {self.args.jobs} jobs -> {self.args.out}")
+        failed = 0
+        with ThreadPoolExecutor(self.args.jobs) as pool:
+            futures = [pool.submit(self.execute, run) for run in todo]
+            try:
+                for future in as_completed(futures):
+                    failed += not future.result()
+            except KeyboardInterrupt:  # the scripts got the Ctrl-C too; wait for them to save and stop
+                for f in futures:
+                    f.cancel()
+                with self.lock:
+                    for proc in self.procs:
+                        proc.terminate()
+                self.say("interrupted: unfinished runs will be redone when the same command is run again")
+                return 130
+        if failed:
+            self.say(f"{failed} of {len(todo)} runs failed; rerun the same command to retry them")
+        return 1 if failed else 0
+
+
+def parse_args(argv: list[str]):
+    own, extra = common.split_passthrough(argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="%(prog)s --algo ALGO --env ENV [ENV ...] --budget N|ENV=N [...] [options] [-- script args]")
+    p.add_argument("--algo", required=True, help=f"one of {', '.join(common.ALGOS)}, or a path to a script")
+    p.add_argument("--env", nargs="+", required=True, help="env ids, e.g. dm_control/cartpole/balance CartPole-v1")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds (default: 1)")
+    p.add_argument("--budget", nargs="+", required=True,
+                   help="env steps per run: N for every env and/or ENV=N per env (200000, 200k, 1M)")
+    p.add_argument("--out", type=Path, help="results CSV (default: benchmarks/results/<algo>.csv)")
+    p.add_argument("--tag", help="config label in the CSV (default: the args after --, or 'default')")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel runs (default: number of cores)")
+    p.add_argument("--work-dir", type=Path, help="where the runs' TensorBoard files, checkpoints and logs go "
+                   "(default: <out without .csv>_runs/)")
+    p.add_argument("--dry-run", action="store_true", help="print the runs and their status, run nothing")
+    args = p.parse_args(own)
+    args.env, args.seeds = list(dict.fromkeys(args.env)), list(dict.fromkeys(args.seeds))  # no run twice
+    args.script = common.resolve_script(args.algo)
+    common.reject_managed(extra, MANAGED, "run.py")
+    if args.jobs < 1:
+        raise common.BenchmarkError(f"--jobs must be at least 1, got {args.jobs}")
+    args.tag = common.config_tag(args.tag, extra)
+    args.out = (args.out or common.ROOT / "benchmarks" / "results" / f"{args.script.stem}.csv").resolve()
+    args.work_dir = (args.work_dir or args.out.with_name(args.out.stem + "_runs")).resolve()
+    return args, extra
+
+
+def main() -> int:
+    args, extra = parse_args(sys.argv[1:])
+    runs = plan(args, extra)
+    if args.dry_run:
+        for run in runs:
+            print(f"{'done' if run.done_file.exists() else 'todo'}  {run}  -> {run.dir}")
+        return 0
+    return Runner(args, extra).run_all(runs)
+
+
+if __name__ == "__main__":
+    sys.exit(common.exit_on_error(main))

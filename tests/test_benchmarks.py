@@ -1,0 +1,196 @@
+"""The benchmark tools through their real command lines: the grid runner (rows, resume,
+redo of an unfinished run), the report (numbers checked against an independent
+computation, PNGs read back) and the throughput tool (both SPS figures and their ratio)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import pstats
+import re
+import statistics
+
+import pytest
+
+from helpers import ROOT, read_scalars, run_cli, single_run_dir
+
+BENCH = ROOT / "benchmarks"
+BUDGET = 2048
+# 512 steps per update, an evaluation at 1024 and the final one at 2048.
+SCRIPT_ARGS = ["--num-envs", "4", "--num-steps", "128", "--eval-interval", "1024", "--eval-episodes", "2"]
+TAG = "num-envs 4 num-steps 128 eval-interval 1024 eval-episodes 2"
+
+
+def bench(tool: str, *args: str, cwd=None):
+    return run_cli(tool, [str(a) for a in args], cwd=cwd, script_dir=BENCH, timeout=300)
+
+
+def read_csv(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """ppo_discrete on CartPole-v1, seeds 1 and 2, 2048 steps, 2 parallel jobs."""
+    out = tmp_path_factory.mktemp("bench") / "results" / "ppo_discrete.csv"
+    command = ["--algo", "ppo_discrete", "--env", "CartPole-v1", "--seeds", "1", "2", "--budget", "2048",
+               "--out", out, "--jobs", "2", "--", *SCRIPT_ARGS]
+    proc = bench("run.py", *command)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {seed: out.parent / "ppo_discrete_runs" / "ppo_discrete" / TAG.replace(" ", "-") / "CartPole-v1" /
+            f"seed{seed}-{BUDGET}" for seed in (1, 2)}
+    return out, command, runs
+
+
+def test_runner_writes_one_row_per_evaluation(grid):
+    out, _, runs = grid
+    rows = read_csv(out)
+    assert list(rows[0]) == ["algo", "tag", "env", "seed", "budget", "step", "wall_time", "eval_return", "eval_std"]
+    for seed, run in runs.items():
+        mine = [r for r in rows if r["seed"] == str(seed)]
+        assert {(r["algo"], r["tag"], r["env"], r["budget"]) for r in mine} == {("ppo_discrete", TAG, "CartPole-v1", "2048")}
+        scalars = read_scalars(single_run_dir(run / "tb"))  # independent read-back of the run's events
+        assert [int(r["step"]) for r in mine] == [s for s, _ in scalars["eval/return_mean"]] == [1024, 2048]
+        for r, (_, mean), (_, std) in zip(mine, scalars["eval/return_mean"], scalars["eval/return_std"]):
+            assert float(r["eval_return"]) == pytest.approx(mean, abs=1e-3)
+            assert float(r["eval_std"]) == pytest.approx(std, abs=1e-3)
+        walls = [float(r["wall_time"]) for r in mine]
+        assert 0 < walls[0] < walls[1] < json.loads((run / "done.json").read_text())["seconds"]
+    assert len(rows) == 4
+
+
+def test_runner_resumes_and_redoes_an_unfinished_run(grid):
+    out, command, runs = grid
+    done = {seed: run / "done.json" for seed, run in runs.items()}
+    mtimes = {p: p.stat().st_mtime_ns for p in [out, *done.values()]}
+    rows_before = read_csv(out)
+
+    proc = bench("run.py", *command)  # everything finished: nothing runs, nothing is rewritten
+    assert proc.returncode == 0, proc.stderr
+    assert "2 already done, 0 to run" in proc.stdout
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
+
+    # Seed 2 as if killed after writing its rows but before being marked done, with a leftover file.
+    done[2].unlink()
+    (runs[2] / "leftover").write_text("half-finished")
+    proc = bench("run.py", *command)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 already done, 1 to run" in proc.stdout
+    assert done[1].stat().st_mtime_ns == mtimes[done[1]] and done[2].exists()
+    assert not (runs[2] / "leftover").exists(), "an unfinished run must be redone from scratch"
+    rows = read_csv(out)
+    assert [r for r in rows if r["seed"] == "1"] == [r for r in rows_before if r["seed"] == "1"]
+    assert [r["step"] for r in rows if r["seed"] == "2"] == ["1024", "2048"], "redone run's rows must not duplicate"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env", "CartPole-v1", "Acrobot-v1", "--budget", "CartPole-v1=1000"], "no --budget for ['Acrobot-v1']"),
+    (["--env", "CartPole-v1", "--budget", "10x"], "'10x' is not a positive whole number"),
+    (["--env", "CartPole-v1", "--budget", "1000", "--", "--seed", "3"], "--seed is set by run.py"),
+])
+def test_runner_bad_input_is_one_line(tmp_path, args, message):
+    proc = bench("run.py", "--algo", "ppo_discrete", "--out", tmp_path / "r.csv", *args)
+    (line,) = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and line.startswith("error: ") and message in line
+    assert not (tmp_path / "r.csv").exists()
+
+
+def synthetic_results(path):
+    """Two configs x two envs x three seeds, final evaluation not the best one, rows out of order."""
+    header = "algo,tag,env,seed,budget,step,wall_time,eval_return,eval_std\n"
+    lines = []
+    finals = {}
+    for a, (algo, tag) in enumerate([("ppo_continuous", "default"), ("vmpo_continuous", "lr 3e-4")]):
+        for e, env in enumerate(["dm_control/cartpole/balance", "CartPole-v1"]):
+            for seed in (1, 2, 3):
+                final = 100.0 * seed + 37.25 * a - 11.5 * e
+                finals[(env, algo, tag)] = finals.get((env, algo, tag), []) + [final]
+                for step, ret in [(1000, final + 500), (3000, final), (2000, final - 50)]:
+                    wall = step / 1000 * (40 + 10 * seed + a)
+                    lines.append(f"{algo},{tag},{env},{seed},3000,{step},{wall},{ret},1.5\n")
+    path.write_text(header + "".join(lines))
+    return finals
+
+
+def table_rows(md: str) -> dict[tuple, list[str]]:
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines() if line.startswith("|")]
+    assert cells[1][0].startswith("---")
+    return {tuple(c[:3]): c for c in cells[2:]}
+
+
+def test_report_table_and_curves(tmp_path):
+    finals = synthetic_results(tmp_path / "a.csv")
+    proc = bench("report.py", tmp_path / "a.csv", "--out", tmp_path / "report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    md = (tmp_path / "report" / "results.md").read_text()
+    assert md in proc.stdout
+    rows = table_rows(md)
+    assert set(rows) == set(finals)
+    for (env, algo, tag), values in finals.items():
+        row = rows[(env, algo, tag)]
+        mean, std = statistics.fmean(values), statistics.pstdev(values)
+        assert row[3:7] == ["3,000", "1, 2, 3", f"{mean:.1f} ± {std:.1f}", " / ".join(f"{v:.1f}" for v in values)]
+        assert row[7] == "3,000"
+        a = 0 if algo == "ppo_continuous" else 1
+        wall = statistics.fmean(3 * (40 + 10 * s + a) for s in (1, 2, 3))  # 180 + 3a seconds
+        assert row[8] == f"{int(round(wall)) // 60}m{int(round(wall)) % 60:02d}s"
+    assert rows[("CartPole-v1", "ppo_continuous", "default")][5] == "188.5 ± 81.6"  # written out once by hand
+
+    import matplotlib.image
+
+    pngs = sorted((tmp_path / "report").glob("*.png"))
+    assert [p.name for p in pngs] == ["curves_CartPole-v1.png", "curves_dm_control-cartpole-balance.png"]
+    for png in pngs:
+        image = matplotlib.image.imread(png)
+        assert image.shape[0] >= 300 and image.shape[1] >= 800 and png.stat().st_size > 20_000
+        assert image[..., :3].std() > 0.05, f"{png} looks blank"
+
+
+def test_report_on_runner_results(grid, tmp_path):
+    out, _, _ = grid
+    proc = bench("report.py", out, "--out", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    finals = [float(r["eval_return"]) for r in read_csv(out) if r["step"] == str(BUDGET)]
+    row = table_rows((tmp_path / "results.md").read_text())[("CartPole-v1", "ppo_discrete", TAG)]
+    assert row[5] == f"{statistics.fmean(finals):.1f} ± {statistics.pstdev(finals):.1f}"
+    assert (tmp_path / "curves_CartPole-v1.png").stat().st_size > 20_000
+
+
+def test_throughput_reports_both_sps_and_their_ratio(tmp_path):
+    proc = bench("throughput.py", "--algo", "ppo_discrete", "--steps", "2048", "--csv", tmp_path / "t.csv",
+                 "--md", tmp_path / "t.md", "--profile", tmp_path / "profile.txt", "--", "--num-envs", "4",
+                 "--num-steps", "128")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    train = float(re.search(r"training SPS: +([\d.]+) +\((\d+) steps", proc.stdout).group(1))
+    rand, before, after = map(float, re.search(
+        r"random-action SPS: +([\d.]+) +\(before ([\d.]+), after ([\d.]+)", proc.stdout).groups())
+    ratio = float(re.search(r"ratio training/random: +([\d.]+)", proc.stdout).group(1))
+    assert train > 0 and before > 0 and after > 0
+    assert rand == pytest.approx((before + after) / 2, abs=0.1)
+    assert ratio == pytest.approx(train / rand, rel=1e-3, abs=1e-4)
+
+    (row,) = read_csv(tmp_path / "t.csv")
+    assert (row["algo"], row["env"], row["num_envs"], row["steps"]) == ("ppo_discrete", "CartPole-v1", "4", "2048")
+    for key, printed in [("train_sps", train), ("random_sps", rand), ("ratio", ratio)]:
+        assert float(row[key]) == pytest.approx(printed, rel=1e-3, abs=1e-4)
+    md = (tmp_path / "t.md").read_text().splitlines()
+    assert md[0].startswith("| algo |") and f"| {ratio:.3f} |" in md[2] and len(md) == 3
+
+    assert "ppo_discrete.py" in (tmp_path / "profile.txt").read_text()
+    stats = pstats.Stats(str(tmp_path / "profile.prof"))
+    assert any(name == "train" and file.endswith("ppo_discrete.py") for file, _, name in stats.stats)
+
+
+def test_throughput_bad_input_is_one_line(tmp_path):
+    proc = bench("throughput.py", "--algo", "no_such_algo", "--steps", "100")
+    assert proc.returncode == 1 and "no script at" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    proc = bench("throughput.py", "--algo", "ppo_discrete", "--steps", "100", "--", "--eval-interval", "5")
+    assert proc.returncode == 1 and "--eval-interval is set by throughput.py" in proc.stderr
+
+
+def test_runner_refuses_to_mix_configs_under_one_tag(grid):
+    out, _, _ = grid
+    proc = bench("run.py", "--algo", "ppo_discrete", "--env", "CartPole-v1", "--seeds", "1", "--budget", BUDGET,
+                 "--out", out, "--tag", TAG, "--", "--num-envs", "2")
+    assert proc.returncode == 1 and "give this config its own --tag" in proc.stderr
