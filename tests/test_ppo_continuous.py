@@ -1,0 +1,354 @@
+"""Tests of ppo_continuous.py: its math against independent computations, learning on the
+continuous probes, and its command line on real tasks (dm_control walker, MuJoCo, Pendulum)."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import ppo_continuous as pc
+from tests.helpers import ROOT, check_probe, read_scalars, run_cli, single_run_dir
+
+SCRIPT = "ppo_continuous.py"
+
+
+def tiny_args(tmp_path: Path, **overrides) -> pc.Args:
+    """A run small enough for a unit test; eval-only at the end unless told otherwise."""
+    base = dict(env_id="Pendulum-v1", total_timesteps=512, num_envs=2, num_steps=128, num_minibatches=4,
+                update_epochs=2, eval_interval=0, eval_episodes=1, output_dir=str(tmp_path), cuda=False)
+    return pc.Args(**{**base, **overrides})
+
+
+def load_agent(run_dir: Path, name: str = "ppo_continuous_last.pt"):
+    ckpt = torch.load(run_dir / name, map_location="cpu", weights_only=True)
+    a = ckpt["args"]
+    obs_dim, act_dim = ckpt["obs_rms"]["mean"].numel(), ckpt["agent"]["actor_logstd"].numel()
+    agent = pc.Agent(obs_dim, act_dim, tuple(a["actor_hidden_sizes"]), tuple(a["critic_hidden_sizes"]))
+    agent.load_state_dict(ckpt["agent"])
+    return agent, ckpt
+
+
+# ---------------------------------------------------------------------------------------------
+# Math against independent computations
+# ---------------------------------------------------------------------------------------------
+
+def test_gaussian_log_prob_and_entropy_match_torch_distributions():
+    torch.manual_seed(0)
+    mean, log_std = torch.randn(7, 3), torch.randn(3) * 0.5
+    action = mean + torch.randn(7, 3) * 2.0
+    reference = torch.distributions.Normal(mean, log_std.exp().expand_as(mean))
+    torch.testing.assert_close(pc.gaussian_log_prob(action, mean, log_std), reference.log_prob(action).sum(-1))
+    torch.testing.assert_close(pc.gaussian_entropy(log_std), reference.entropy().sum(-1)[0])
+
+
+def test_rollout_policy_matches_the_agent_and_its_log_prob_is_of_the_returned_action():
+    torch.manual_seed(0)
+    np.random.seed(0)
+    agent = pc.Agent(5, 3, (16, 8), (16,), init_log_std=-0.3)
+    policy = pc.RolloutPolicy(agent)
+    obs = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
+    action, logprob, value = policy.act(obs)
+    with torch.no_grad():
+        mean = agent.actor_mean(torch.from_numpy(obs))
+        reference = torch.distributions.Normal(mean, agent.actor_logstd.exp().expand_as(mean))
+        torch.testing.assert_close(torch.from_numpy(logprob), reference.log_prob(torch.from_numpy(action)).sum(-1))
+        torch.testing.assert_close(torch.from_numpy(value), agent.critic(torch.from_numpy(obs)).squeeze(-1))
+    assert np.abs(action - mean.numpy()).mean() > 0.1  # sampled, not the mean
+    with torch.no_grad():  # sync picks up new weights
+        agent.critic[0].bias.add_(1.0)
+    policy.sync(agent)
+    torch.testing.assert_close(torch.from_numpy(policy.value(obs)), agent.critic(torch.from_numpy(obs)).squeeze(-1).detach())
+
+
+def brute_force_gae(rewards, values, next_values, terminations, dones, gamma, lam):
+    """A_t = sum_k (gamma lam)^(k-t) delta_k up to the end of t's episode (or of the rollout)."""
+    T, N = rewards.shape
+    advantages = np.zeros((T, N))
+    for i in range(N):
+        for t in range(T):
+            total = 0.0
+            for k in range(t, T):
+                successor = 0.0 if terminations[k, i] else next_values[k, i]
+                delta = rewards[k, i] + gamma * successor - values[k, i]
+                total += (gamma * lam) ** (k - t) * delta
+                if dones[k, i]:
+                    break
+            advantages[t, i] = total
+    return advantages
+
+
+def test_gae_with_truncation_bootstrap_matches_brute_force():
+    rng = np.random.default_rng(0)
+    T, N, gamma, lam = 12, 3, 0.9, 0.8
+    rewards, values, next_values = rng.normal(size=(T, N)), rng.normal(size=(T, N)), rng.normal(size=(T, N))
+    terminations = rng.random((T, N)) < 0.15
+    truncations = (rng.random((T, N)) < 0.15) & ~terminations
+    dones = terminations | truncations
+    assert truncations.any() and terminations.any()
+    as_t = lambda x: torch.tensor(x, dtype=torch.float64)
+    advantages, returns = pc.compute_gae(as_t(rewards), as_t(values), as_t(next_values), as_t(terminations),
+                                         as_t(dones), gamma, lam)
+    expected = brute_force_gae(rewards, values, next_values, terminations, dones, gamma, lam)
+    np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(returns.numpy(), expected + values, rtol=1e-10, atol=1e-10)
+    # A truncated last step is bootstrapped from its final observation's value, a terminated one is not.
+    one = lambda v: torch.tensor([[v]], dtype=torch.float64)
+    trunc_adv, _ = pc.compute_gae(one(1.0), one(0.5), one(2.0), one(0.0), one(1.0), gamma, lam)
+    term_adv, _ = pc.compute_gae(one(1.0), one(0.5), one(2.0), one(1.0), one(1.0), gamma, lam)
+    assert trunc_adv.item() == pytest.approx(1.0 + gamma * 2.0 - 0.5)
+    assert term_adv.item() == pytest.approx(1.0 - 0.5)
+
+
+def test_value_loss_plain_and_clipped():
+    new, old, returns, eps = torch.tensor([0.0, 1.0, 3.0, -2.0]), torch.tensor([0.5, 0.0, 1.0, -1.9]), \
+        torch.tensor([1.0, 2.0, 0.0, -1.0]), 0.2
+    expected_plain = 0.5 * np.mean([(n - r) ** 2 for n, r in zip(new.tolist(), returns.tolist())])
+    expected_clipped = 0.5 * np.mean([max((n - r) ** 2, (o + min(max(n - o, -eps), eps) - r) ** 2)
+                                      for n, o, r in zip(new.tolist(), old.tolist(), returns.tolist())])
+    assert pc.value_loss(new, old, returns, eps, clip_vloss=False).item() == pytest.approx(expected_plain)
+    assert pc.value_loss(new, old, returns, eps, clip_vloss=True).item() == pytest.approx(expected_clipped)
+    assert expected_clipped != pytest.approx(expected_plain)
+
+
+def test_clipped_surrogate_and_kl_estimators():
+    logratio, adv, eps = torch.tensor([-0.5, 0.0, 0.1, 0.4]), torch.tensor([1.0, -2.0, -1.0, 3.0]), 0.2
+    ratio = logratio.exp()
+    expected = -np.mean([min(r * a, min(max(r, 1 - eps), 1 + eps) * a) for r, a in zip(ratio.tolist(), adv.tolist())])
+    assert pc.clipped_surrogate_loss(ratio, adv, eps).item() == pytest.approx(expected, rel=1e-6)
+    old_kl, kl = pc.approx_kl(logratio)
+    assert old_kl.item() == pytest.approx(-logratio.mean().item())
+    assert kl.item() == pytest.approx(np.mean([math.exp(x) - 1 - x for x in logratio.tolist()]), rel=1e-6)
+
+
+def test_running_mean_std_matches_numpy_over_all_batches():
+    rng = np.random.default_rng(1)
+    batches = [rng.normal(3.0, 2.0, size=(n, 4)) for n in (1, 5, 17, 2)]
+    rms = pc.RunningMeanStd((4,))
+    for b in batches:
+        rms.update(b)
+    data = np.concatenate(batches)
+    np.testing.assert_allclose(rms.mean, data.mean(0), rtol=1e-3)
+    np.testing.assert_allclose(rms.var, data.var(0), rtol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning: the continuous probes
+# ---------------------------------------------------------------------------------------------
+
+PROBE_GAMMA = {3: 0.9}  # a discount far enough from 1 that probe 3's V(0) = gamma is a real check
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_learns_continuous_probe(tmp_path, k):
+    env_id, gamma = f"Probe{k}Continuous-v0", PROBE_GAMMA.get(k, 0.99)
+    # Reward scaling off: the probe table states values in raw reward units.
+    args = tiny_args(tmp_path, env_id=env_id, gamma=gamma, seed=k, total_timesteps=2048 if k < 4 else 8192,
+                     num_envs=8, num_steps=16, num_minibatches=2, update_epochs=10, learning_rate=3e-3,
+                     reward_scaling=False, eval_episodes=2)
+    summary = pc.train(args)
+    agent, ckpt = load_agent(Path(summary["run_dir"]))
+    rms = pc.RunningMeanStd((1,))
+    rms.load_state_dict(ckpt["obs_rms"])
+    normalize = lambda obs: torch.as_tensor(np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10),
+                                            dtype=torch.float32)
+    sigma = agent.actor_logstd.exp().item()
+    noise = np.random.default_rng(0).standard_normal(200_000)
+
+    def policy_return(obs: float) -> float:
+        """E[1 - (clip(a) - a*)^2] for a ~ N(mean, sigma), clipped like the env clips it."""
+        mean = agent.actor_mean(normalize(np.array([[obs]], np.float32))).item()
+        return float(np.mean(1.0 - (np.clip(mean + sigma * noise, -1, 1) - 0.5 * (obs if k == 5 else 1.0)) ** 2))
+
+    with torch.no_grad():
+        check_probe(env_id, gamma, value_fn=lambda o: agent.value(normalize(o)).numpy(),
+                    action_fn=lambda o: agent.actor_mean(normalize(o)).numpy(), policy_return_fn=policy_return,
+                    value_tol=0.05, action_tol=0.1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line on real tasks
+# ---------------------------------------------------------------------------------------------
+
+def test_cli_walker_smoke_tensorboard_checkpoint_wandb_and_eval_only(tmp_path):
+    out = tmp_path / "runs"
+    result = run_cli(SCRIPT, ["--env-id", "dm_control/walker/walk", "--total-timesteps", "512", "--num-envs", "2",
+                              "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "2",
+                              "--eval-interval", "256", "--eval-episodes", "1", "--output-dir", str(out), "--track",
+                              "--no-cuda"], cwd=tmp_path, env={"WANDB_MODE": "offline"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 512/512 (100.0%)" in result.stdout
+    run_dir = single_run_dir(out)
+    scalars = read_scalars(run_dir)
+    for tag in ["charts/SPS", "charts/learning_rate", "losses/policy_loss", "losses/value_loss", "losses/entropy",
+                "losses/approx_kl", "losses/old_approx_kl", "losses/clipfrac", "losses/explained_variance",
+                "eval/return_mean", "eval/return_std", "eval/return_min", "eval/return_max", "eval/length_mean"]:
+        assert tag in scalars, f"missing TensorBoard tag {tag}; have {sorted(scalars)}"
+    assert [s for s, _ in scalars["eval/return_mean"]] == [256, 512]  # periodic, then final at the last step
+    assert [v for _, v in scalars["eval/length_mean"]] == [1000.0, 1000.0]  # dm_control truncates at 1000
+    assert list((run_dir / "wandb").glob("offline-run-*")), "no offline wandb run written"
+
+    agent, ckpt = load_agent(run_dir)  # weights_only=True
+    assert ckpt["global_step"] == 512 and ckpt["iteration"] == 2 and ckpt["args"]["env_id"] == "dm_control/walker/walk"
+    assert (run_dir / "ppo_continuous_best.pt").exists()
+    obs_rms = ckpt["obs_rms"]
+    assert obs_rms["mean"].shape == (24,) and obs_rms["count"] > 512 and obs_rms["var"].min() > 0
+    assert set(ckpt["rng"]) >= {"torch", "numpy"} and "state" in ckpt["optimizer"]
+
+    # Evaluation only: same deterministic policy, same eval seeds and the restored normalizer give the same return.
+    eval_out = tmp_path / "eval_runs"
+    result = run_cli(SCRIPT, ["--eval-only", "--checkpoint", str(run_dir / "ppo_continuous_last.pt"),
+                              "--eval-episodes", "1", "--output-dir", str(eval_out), "--no-cuda"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ppo_continuous_last.pt" not in os.listdir(single_run_dir(eval_out))  # nothing trained, nothing saved
+    eval_scalars = read_scalars(single_run_dir(eval_out))
+    assert eval_scalars["eval/return_mean"] == [(512, pytest.approx(scalars["eval/return_mean"][-1][1], rel=1e-5))]
+
+
+def test_capture_video_writes_mp4_with_frames(tmp_path):
+    imageio = pytest.importorskip("imageio")
+    result = run_cli(SCRIPT, ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "128", "--num-envs", "1",
+                              "--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "1",
+                              "--eval-episodes", "2", "--capture-video", "--output-dir", str(tmp_path), "--no-cuda"],
+                     cwd=tmp_path, env={"MUJOCO_GL": os.environ.get("MUJOCO_GL", "osmesa")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    videos = sorted((single_run_dir(tmp_path) / "videos").glob("*.mp4"))
+    assert [v.name for v in videos] == ["eval_step128.mp4"]
+    frames = imageio.mimread(videos[0], memtest=False)
+    assert len(frames) >= 2 and frames[0].ndim == 3 and frames[0].shape[2] == 3
+    assert np.ptp(np.asarray(frames[0])) > 0, "blank frame"
+
+
+def test_same_seed_same_numbers(tmp_path):
+    summaries, weights, scalars = [], [], []
+    for name in ("a", "b"):
+        summary = pc.train(tiny_args(tmp_path / name))
+        summaries.append(summary["final_eval_return"])
+        weights.append(load_agent(Path(summary["run_dir"]))[0].state_dict())
+        scalars.append(read_scalars(summary["run_dir"]))
+    assert summaries[0] == summaries[1]
+    assert scalars[0]["charts/episodic_return"] == scalars[1]["charts/episodic_return"]  # Pendulum: 200-step episodes
+    assert scalars[0]["losses/value_loss"] == scalars[1]["losses/value_loss"]
+    for key in weights[0]:
+        assert torch.equal(weights[0][key], weights[1][key]), key
+    other = pc.train(tiny_args(tmp_path / "c", seed=2))
+    assert other["final_eval_return"] != summaries[0]
+
+
+BAD_INPUTS = [
+    (dict(env_id="CartPole-v1"), "ppo_discrete.py"),
+    (dict(env_id="dm_control/walker"), "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0"),
+    (dict(env_id="dm_control/walker-walk"), "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0"),
+    (dict(env_id="dm_control/walkerr/walk"), "valid domains: acrobot, ball_in_cup, cartpole"),
+    (dict(env_id="dm_control/walker-fly-v0"), "valid tasks: stand, walk, run"),
+    (dict(env_id="NoSuchEnv-v3"), "unknown env id 'NoSuchEnv-v3'"),
+    (dict(num_minibatches=3), "--num-minibatches 3 must divide the batch"),
+    (dict(learning_rate=-1.0), "--learning-rate must be > 0"),
+    (dict(gamma=1.5), "--gamma must be in (0, 1]"),
+    (dict(optimizer="rmsprop"), "--optimizer must be one of: adam, sgd"),
+    (dict(total_timesteps=100), "less than one batch"),
+    (dict(eval_only=True), "--eval-only needs --checkpoint"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_INPUTS, ids=[f"{k}={v}" for o, _ in BAD_INPUTS for k, v in o.items()])
+def test_bad_input_is_one_clear_line_before_heavy_work(tmp_path, overrides, message):
+    out = tmp_path / "runs"
+    with pytest.raises(pc.ConfigError) as info:
+        pc.train(tiny_args(out, **overrides))
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert not out.exists(), "a run directory was created before the input was checked"
+
+
+def test_bad_input_on_the_command_line_exits_with_one_line(tmp_path):
+    result = run_cli(SCRIPT, ["--env-id", "CartPole-v1", "--output-dir", str(tmp_path / "runs")], cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: ") and "ppo_discrete.py" in result.stderr
+
+
+def test_script_copied_alone_runs(tmp_path):
+    shutil.copy(ROOT / SCRIPT, tmp_path / SCRIPT)
+    result = run_cli(SCRIPT, ["--env-id", "Pendulum-v1", "--total-timesteps", "256", "--num-envs", "1",
+                              "--num-steps", "256", "--num-minibatches", "2", "--update-epochs", "1",
+                              "--eval-episodes", "1", "--no-cuda"], cwd=tmp_path, script_dir=tmp_path,
+                     env={"PYTHONPATH": ""})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (single_run_dir(tmp_path / "runs") / "ppo_continuous_last.pt").exists()
+
+
+class NanRewardEnv(gym.Env):
+    """A real (if broken) env: its reward turns NaN after a few hundred steps."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self):
+        self.steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.np_random.uniform(-1, 1, 2).astype(np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        reward = float("nan") if self.steps > 300 else float(action[0])
+        return self.np_random.uniform(-1, 1, 2).astype(np.float32), reward, False, self.steps % 50 == 0, {}
+
+
+def test_nan_loss_stops_with_step_and_last_good_checkpoint(tmp_path):
+    gym.register("NanRewardTest-v0", entry_point=NanRewardEnv)
+    with pytest.raises(pc.NonFiniteLossError) as info:
+        pc.train(tiny_args(tmp_path, env_id="NanRewardTest-v0", total_timesteps=1024, num_envs=1, num_steps=128))
+    message = str(info.value)
+    last = single_run_dir(tmp_path) / "ppo_continuous_last.pt"
+    assert "at global step 384" in message and str(last) in message  # reward NaN from step 301: third rollout
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["global_step"] == 256 and all(torch.isfinite(v).all() for v in ckpt["agent"].values())
+
+
+def test_ctrl_c_saves_checkpoint_and_resume_continues_like_an_uninterrupted_run(tmp_path):
+    """SIGINT a real run, read its files back, resume it, compare with a run that was never stopped.
+
+    Probe 4's episodes last one step, so every iteration starts from fresh episodes and the
+    learner state in the checkpoint (weights, Adam moments, normalizer, reward scaler, RNGs,
+    step counter, lr schedule) is all there is: the resumed run must match bit for bit.
+    """
+    flags = dict(env_id="Probe4Continuous-v0", total_timesteps=9600, num_envs=4, num_steps=16, num_minibatches=2,
+                 update_epochs=2, eval_interval=3200, eval_episodes=1)
+    cli = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, str(ROOT / SCRIPT), *cli, "--output-dir", str(out), "--no-cuda"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in proc.stdout:
+        if line.startswith("step 640/"):  # 10 iterations done
+            proc.send_signal(signal.SIGINT)
+            break
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "interrupted at step" in stdout and "Traceback" not in stderr
+    run_dir = single_run_dir(out)
+    ckpt = torch.load(run_dir / "ppo_continuous_last.pt", weights_only=True)
+    assert 640 <= ckpt["global_step"] < 9600 and ckpt["global_step"] == 64 * ckpt["iteration"]
+    assert [s for s, _ in read_scalars(run_dir)["charts/SPS"]][-1] >= ckpt["global_step"]
+
+    resumed = pc.train(tiny_args(tmp_path / "resumed", resume=str(run_dir / "ppo_continuous_last.pt")))
+    straight = pc.train(tiny_args(tmp_path / "straight", **flags))
+    assert resumed["global_step"] == straight["global_step"] == 9600
+    resumed_agent, resumed_ckpt = load_agent(Path(resumed["run_dir"]))
+    straight_agent, straight_ckpt = load_agent(Path(straight["run_dir"]))
+    for key, value in straight_agent.state_dict().items():
+        assert torch.equal(value, resumed_agent.state_dict()[key]), key
+    assert resumed_ckpt["optimizer"]["param_groups"][0]["lr"] == straight_ckpt["optimizer"]["param_groups"][0]["lr"]
+    torch.testing.assert_close(resumed_ckpt["reward_rms"], straight_ckpt["reward_rms"], rtol=0, atol=0)
