@@ -79,9 +79,6 @@ class Args:
     """learning rate of the optimizer (annealed linearly to 0 with --anneal-lr)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
-    lr_kl_limit: Optional[float] = None
-    """KL guard: after an update whose mean approximate KL exceeds this, divide the learning rate by 1.5; after
-    one below half of it, multiply it by 1.5 again, never above the schedule's value (None: off)"""
     optimizer: str = "adam"
     """optimizer: `adam` (eps 1e-5) or `sgd` (with --sgd-momentum)"""
     sgd_momentum: float = 0.9
@@ -454,20 +451,6 @@ def approx_kl(logratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return old_kl, new_kl
 
 
-def kl_guard_scale(scale: float, kl: float, limit: float) -> float:
-    """Learning-rate scale for the next update: shrink it after an update that moved the policy too far.
-
-    On tasks whose updates stay below the limit (cartpole) it never acts; on walker/walk with lr 1e-3 the
-    mean approximate KL per update otherwise climbs to 0.03-0.05 and the runs become unstable.
-    """
-    # LaTeX: c_{u+1} = \begin{cases} c_u / 1.5 & \widehat{\mathrm{KL}}_u > \kappa \\ \min(1, 1.5\, c_u) & \widehat{\mathrm{KL}}_u < \kappa / 2 \\ c_u & \text{otherwise} \end{cases}
-    if kl > limit:
-        return scale / 1.5
-    if kl < limit / 2:
-        return min(1.0, scale * 1.5)
-    return scale
-
-
 def clip_grad_norm(grads: list[torch.Tensor], max_norm: float) -> None:
     """In-place global-norm clipping; a leaner path than nn.utils.clip_grad_norm_ for many tiny tensors."""
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
@@ -569,14 +552,14 @@ def log_eval(writer: SummaryWriter, returns: np.ndarray, lengths: np.ndarray, st
 
 def save_checkpoint(path: Path, agent: Agent, optimizer: torch.optim.Optimizer, envs: SharedNormalizeObservation,
                     reward_rms: RunningMeanStd, args: Args, global_step: int, iteration: int,
-                    best_eval_return: float, lr_scale: float) -> None:
+                    best_eval_return: float) -> None:
     """Atomic write (temporary file, then os.replace); loadable with torch.load(weights_only=True)."""
     np_state = np.random.get_state()
     state = {
         "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
         "obs_rms": envs.obs_rms.state_dict(), "reward_rms": reward_rms.state_dict(),
         "args": asdict(args), "global_step": global_step, "iteration": iteration,
-        "best_eval_return": best_eval_return, "lr_scale": lr_scale,
+        "best_eval_return": best_eval_return,
         "rng": {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
                 "numpy_pos": int(np_state[2]), "numpy_gauss": (int(np_state[3]), float(np_state[4])),
                 "python": repr(random.getstate())},
@@ -633,8 +616,6 @@ def check_args(args: Args) -> None:
     for name in ("ent_coef", "vf_coef"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if args.lr_kl_limit is not None and args.lr_kl_limit <= 0:
-        raise ConfigError(f"--lr-kl-limit must be > 0 (or None to turn the KL guard off), got {args.lr_kl_limit}")
     if args.target_kl is not None and args.target_kl <= 0:
         raise ConfigError(f"--target-kl must be > 0 (or left unset), got {args.target_kl}")
     if args.eval_interval < 0:
@@ -724,17 +705,17 @@ def train(args: Args) -> dict:
             return {"final_eval_return": stats["return_mean"], "final_eval_std": stats["return_std"],
                     "best_eval_return": stats["return_mean"], "global_step": ckpt["global_step"], "wall_time": 0.0,
                     "train_sps": 0.0, "run_dir": str(run_dir)}
-        global_step, start_iteration, best_eval_return, lr_scale = 0, 0, -math.inf, 1.0
+        global_step, start_iteration, best_eval_return = 0, 0, -math.inf
         if ckpt is not None:
             optimizer.load_state_dict(ckpt["optimizer"])
             reward_rms.load_state_dict(ckpt["reward_rms"])
             global_step, start_iteration = ckpt["global_step"], ckpt["iteration"]
-            best_eval_return, lr_scale = ckpt["best_eval_return"], ckpt["lr_scale"]
+            best_eval_return = ckpt["best_eval_return"]
             restore_rng(ckpt["rng"])
             print(f"resuming {args.resume} at step {global_step} (iteration {start_iteration}) with its saved "
                   "hyperparameters; the envs start new episodes")
         summary = run_training(args, agent, optimizer, envs, reward_rms, writer, device, run_eval, last_path,
-                               best_path, global_step, start_iteration, best_eval_return, lr_scale)
+                               best_path, global_step, start_iteration, best_eval_return)
         return {**summary, "run_dir": str(run_dir)}
     finally:
         for e in (envs, eval_envs):
@@ -749,8 +730,7 @@ def train(args: Args) -> dict:
 
 def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, envs: SharedNormalizeObservation,
                  reward_rms: RunningMeanStd, writer: SummaryWriter, device: torch.device, run_eval, last_path: Path,
-                 best_path: Path, global_step: int, start_iteration: int, best_eval_return: float,
-                 lr_scale: float) -> dict:
+                 best_path: Path, global_step: int, start_iteration: int, best_eval_return: float) -> dict:
     """The rollout / update loop from `start_iteration`; saves `_last` every iteration, `_best` at evaluations."""
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
@@ -767,8 +747,7 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
     def save(path: Path, iteration: int) -> None:
         if not all(torch.isfinite(p).all() for p in agent.parameters()):
             raise NonFiniteLossError(f"non-finite weights at global step {global_step}")
-        save_checkpoint(path, agent, optimizer, envs, reward_rms, args, global_step, iteration, best_eval_return,
-                        lr_scale)
+        save_checkpoint(path, agent, optimizer, envs, reward_rms, args, global_step, iteration, best_eval_return)
 
     # Resuming: the new episodes' first observations must not move the restored statistics.
     envs.frozen = start_iteration > 0
@@ -781,9 +760,9 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
         for iteration in range(start_iteration + 1, num_iterations + 1):
             t0 = time.perf_counter()
             episode_returns, episode_lengths = [], []  # of the episodes that end in this rollout
-            anneal = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
-            # LaTeX: \alpha_u = c_u \, \alpha_0 \left(1 - \frac{u - 1}{U}\right)
-            optimizer.param_groups[0]["lr"] = lr_scale * args.learning_rate * anneal
+            if args.anneal_lr:
+                # LaTeX: \alpha_u = \alpha_0 \left(1 - \frac{u - 1}{U}\right)
+                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
             for step in range(T):
                 obs_buf[step] = next_obs
                 actions_buf[step], logprobs[step], values[step] = policy.act(next_obs)
@@ -818,8 +797,6 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
             except FloatingPointError as e:
                 raise NonFiniteLossError(f"{e} at global step {global_step}") from None
             policy.sync(agent)
-            if args.lr_kl_limit is not None:
-                lr_scale = kl_guard_scale(lr_scale, stats["approx_kl"], args.lr_kl_limit)
             stats["explained_variance"] = explained_variance(batch["values"], batch["returns"])
             train_time += time.perf_counter() - t0
             sps = (global_step - start_step) / train_time

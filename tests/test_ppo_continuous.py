@@ -131,16 +131,6 @@ def test_clipped_surrogate_and_kl_estimators():
     assert kl.item() == pytest.approx(np.mean([math.exp(x) - 1 - x for x in logratio.tolist()]), rel=1e-6)
 
 
-def test_kl_guard_scale_shrinks_after_large_updates_and_recovers_up_to_one():
-    limit, scale, scales = 0.01, 1.0, []
-    for kl in [0.02, 0.011, 0.007, 0.004, 0.0049, 0.001, 0.03]:
-        scale = pc.kl_guard_scale(scale, kl, limit)
-        scales.append(scale)
-    # Above the limit: / 1.5; between limit / 2 and the limit: unchanged; below limit / 2: * 1.5, capped at 1.
-    expected = [1 / 1.5, 1 / 1.5**2, 1 / 1.5**2, 1 / 1.5, 1.0, 1.0, 1 / 1.5]
-    np.testing.assert_allclose(scales, expected, rtol=1e-12)
-
-
 def test_running_mean_std_matches_numpy_over_all_batches():
     rng = np.random.default_rng(1)
     batches = [rng.normal(3.0, 2.0, size=(n, 4)) for n in (1, 5, 17, 2)]
@@ -264,7 +254,6 @@ BAD_INPUTS = [
     (dict(env_id="NoSuchEnv-v3"), "unknown env id 'NoSuchEnv-v3'"),
     (dict(num_minibatches=3), "--num-minibatches 3 must divide the batch"),
     (dict(learning_rate=-1.0), "--learning-rate must be > 0"),
-    (dict(lr_kl_limit=0.0), "--lr-kl-limit must be > 0"),
     (dict(gamma=1.5), "--gamma must be in (0, 1]"),
     (dict(optimizer="rmsprop"), "--optimizer must be one of: adam, sgd"),
     (dict(total_timesteps=100), "less than one batch"),
@@ -336,7 +325,7 @@ def test_ctrl_c_saves_checkpoint_and_resume_continues_like_an_uninterrupted_run(
     step counter, lr schedule) is all there is: the resumed run must match bit for bit.
     """
     flags = dict(env_id="Probe4Continuous-v0", total_timesteps=9600, num_envs=4, num_steps=16, num_minibatches=2,
-                 update_epochs=2, eval_interval=3200, eval_episodes=1, lr_kl_limit=0.001)
+                 update_epochs=2, eval_interval=3200, eval_episodes=1)
     cli = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
     out = tmp_path / "interrupted"
     proc = subprocess.Popen([sys.executable, str(ROOT / SCRIPT), *cli, "--output-dir", str(out), "--no-cuda"],
@@ -352,7 +341,6 @@ def test_ctrl_c_saves_checkpoint_and_resume_continues_like_an_uninterrupted_run(
     run_dir = single_run_dir(out)
     ckpt = torch.load(run_dir / "ppo_continuous_last.pt", weights_only=True)
     assert 640 <= ckpt["global_step"] < 9600 and ckpt["global_step"] == 64 * ckpt["iteration"]
-    assert ckpt["lr_scale"] < 1.0  # the KL guard has acted, so its state must survive the resume
     assert [s for s, _ in read_scalars(run_dir)["charts/SPS"]][-1] >= ckpt["global_step"]
 
     resumed = pc.train(tiny_args(tmp_path / "resumed", resume=str(run_dir / "ppo_continuous_last.pt")))
@@ -363,5 +351,4 @@ def test_ctrl_c_saves_checkpoint_and_resume_continues_like_an_uninterrupted_run(
     for key, value in straight_agent.state_dict().items():
         assert torch.equal(value, resumed_agent.state_dict()[key]), key
     assert resumed_ckpt["optimizer"]["param_groups"][0]["lr"] == straight_ckpt["optimizer"]["param_groups"][0]["lr"]
-    assert resumed_ckpt["lr_scale"] == straight_ckpt["lr_scale"]
     torch.testing.assert_close(resumed_ckpt["reward_rms"], straight_ckpt["reward_rms"], rtol=0, atol=0)
