@@ -110,7 +110,8 @@ class Args:
     normalize_obs: bool = True
     """normalize observations by one running mean/std shared by all training envs (clipped to [-10, 10])"""
     reward_scaling: bool = True
-    """divide rewards by the running std of the discounted return (the learner only; logs show raw returns)"""
+    """divide rewards by the running std of the discounted return (the learner only; logs show raw returns). On by
+    default: with the 256x256 critic it gave swingup 851.9 against 785.0 and walker 491.3 against 468.9 (benchmarks/README.md)"""
     output_dir: str = "runs"
     """the run directory is `<output_dir>/<run_name>` (TensorBoard events, checkpoints, videos)"""
     eval_interval: int = 50_000
