@@ -4,6 +4,7 @@ check a trained agent against a probe's expected outcomes."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,15 @@ def run_cli(script: str, args: Sequence[str], cwd: Path | str | None = None, tim
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, str(Path(script_dir) / script), *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def start_interruptible(cmd: Sequence[str], **popen_kwargs) -> subprocess.Popen:
+    """Popen a training run that a test will SIGINT. A shell without job control starts
+    background jobs (`make test &`, `nohup ...`) with SIGINT ignored, and Python keeps it
+    ignored; the child gets the default handler back so Ctrl-C reaches it as a user's would."""
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen_kwargs)
 
 
 def single_run_dir(output_dir: Path | str) -> Path:

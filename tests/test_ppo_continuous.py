@@ -7,9 +7,7 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -18,7 +16,7 @@ import pytest
 import torch
 
 import ppo_continuous as pc
-from tests.helpers import ROOT, check_probe, read_scalars, run_cli, single_run_dir
+from tests.helpers import ROOT, check_probe, read_scalars, run_cli, single_run_dir, start_interruptible
 
 SCRIPT = "ppo_continuous.py"
 
@@ -328,9 +326,8 @@ def test_ctrl_c_saves_checkpoint_and_resume_continues_like_an_uninterrupted_run(
                  update_epochs=2, eval_interval=3200, eval_episodes=1)
     cli = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
     out = tmp_path / "interrupted"
-    proc = subprocess.Popen([sys.executable, str(ROOT / SCRIPT), *cli, "--output-dir", str(out), "--no-cuda"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = start_interruptible([sys.executable, str(ROOT / SCRIPT), *cli, "--output-dir", str(out), "--no-cuda"],
+                               cwd=tmp_path)
     for line in proc.stdout:
         if line.startswith("step 640/"):  # 10 iterations done
             proc.send_signal(signal.SIGINT)

@@ -4,7 +4,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import torch
 from torch.distributions import AffineTransform, Independent, Normal, TanhTransform, TransformedDistribution, kl_divergence
 
 import vmpo_continuous as V
-from tests.helpers import ROOT, check_probe, read_scalars, run_cli, single_run_dir
+from tests.helpers import ROOT, check_probe, read_scalars, run_cli, single_run_dir, start_interruptible
 
 SCRIPT = "vmpo_continuous.py"
 WALKER = "dm_control/walker/walk"
@@ -382,8 +381,7 @@ def test_resume_continues_and_nan_stops_with_last_good_checkpoint(tmp_path):
 def test_ctrl_c_saves_and_exits_130(tmp_path):
     cmd = [sys.executable, str(ROOT / SCRIPT), "--env-id", WALKER, "--total-timesteps", "1000000",
            "--output-dir", str(tmp_path), *TINY]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = start_interruptible(cmd)
     try:
         for line in proc.stdout:
             if line.startswith("step "):
