@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
+import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 import ppo_discrete as pd
-from tests.helpers import ROOT, check_probe, read_scalars, run_cli, single_run_dir
+from tests.helpers import ROOT, check_probe, read_scalars, run_cli, single_run_dir, start_interruptible
 
 SCRIPT = "ppo_discrete.py"
 # A tiny CartPole configuration for the command-line runs: 4 iterations of 2 envs x 64 steps.
@@ -434,6 +436,27 @@ def test_non_finite_loss_stops_with_step_and_last_good_checkpoint(tmp_path):
     message = str(err.value)
     assert "non-finite loss" in message and "at global step" in message
     assert "Last good checkpoint: none saved yet" in message
+
+
+def test_ctrl_c_saves_last_checkpoint_and_exits_130(tmp_path):
+    """SIGINT a real CartPole run after a few iterations: exit code 130, a message, a loadable checkpoint."""
+    cmd = [sys.executable, str(ROOT / SCRIPT), "--total-timesteps", "10000000", "--num-envs", "2", "--num-steps", "64",
+           "--num-minibatches", "2", "--update-epochs", "2", "--eval-interval", "0", "--output-dir", str(tmp_path), "--no-cuda"]
+    proc = start_interruptible(cmd)
+    try:
+        for line in proc.stdout:  # the first progress line comes after the first update
+            if line.startswith("step "):
+                break
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "interrupted at step" in stdout and "Traceback" not in stderr
+    agent, ckpt = load_agent(single_run_dir(tmp_path) / "ppo_discrete_last.pt")
+    assert ckpt["global_step"] >= 128 and ckpt["global_step"] % 128 == 0
+    assert torch.isfinite(agent.get_logits(torch.zeros(1, 4))).all()
 
 
 def synthetic_batch(n=64, seed=0):
