@@ -182,6 +182,32 @@ def test_temperature_follows_its_dual_gradient(temperature_init):
     assert grad != 0 and np.sign(after[0] - before[0]) == -np.sign(grad)
 
 
+def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit():
+    """E-step and M-step together: with advantages -(u - u*(s))^2 of a known per-state optimum,
+    a few on-policy updates with the default hyperparameters bring the Gaussian mean to u*(s)."""
+    torch.manual_seed(0)
+    args = V.Args()
+    agent = V.Agent(5, 1, np.array([-1.0]), np.array([1.0]), args)
+    duals = V.DualVariables(args.temperature_init, args.alpha_init)
+    optimizers = V.build_optimizers(agent, duals, args)
+    obs = torch.randn(2048, 5)
+    optimum = 0.5 * torch.tanh(obs[:, :1])
+    errors = []
+    for _ in range(4):
+        with torch.no_grad():
+            mean, log_std, _ = agent(obs)
+            u = mean + log_std.exp() * torch.randn_like(mean)
+        errors.append(float(((mean - optimum) ** 2).mean()))
+        advantages = -((u - optimum) ** 2).sum(-1)
+        batch = {"obs": obs, "actions": agent.squash(u), "means": mean, "log_stds": log_std, "returns": advantages,
+                 "advantages": advantages, "restarting_weights": torch.ones(len(obs))}
+        V.vmpo_update(agent, duals, optimizers, batch, args)
+    with torch.no_grad():
+        errors.append(float(((agent(obs)[0] - optimum) ** 2).mean()))
+    assert errors[0] > 0.05 and errors[-1] < 0.2 * errors[0], errors
+    assert all(b < a for a, b in zip(errors, errors[1:])), errors
+
+
 # ---------------------------------------------------------------------------------
 # Targets against brute-force loops
 # ---------------------------------------------------------------------------------
