@@ -133,7 +133,8 @@ class Args:
     alpha_lr: float = 1e-2
     """learning rate of alpha_mu and alpha_sigma (one step per M-step)"""
     importance_weights: bool = False
-    """multiply the E-step weights by min(1, pi(a|s) / pi_behaviour(a|s)) (1 when the data is on-policy)"""
+    """multiply the E-step weights by min(1, pi(a|s) / pi_behaviour(a|s)); kept from the seed for lagged
+    (asynchronous) data: here every batch is collected by the current parameters, so the ratio is 1"""
     policy_hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of the policy encoder"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
@@ -575,6 +576,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
 
     advantages = normalize_advantages(raw_advantages, restarting) if args.normalize_advantages else raw_advantages
     if args.importance_weights:
+        # The ratio is 1 when the acting and the learning parameters are the same, as in this loop.
         with torch.no_grad():
             mean, log_std, _ = agent(obs)
             # LaTeX: w^{imp}_t = \min\left(1, \frac{\pi_\theta(a_t \mid s_t)}{\pi_{old}(a_t \mid s_t)}\right)
