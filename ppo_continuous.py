@@ -21,17 +21,14 @@ file with each `# LaTeX:` formula rendered inline) and `docs/ppo_continuous_anno
 
 from __future__ import annotations
 
-import os
-
-# Headless MuJoCo rendering must be chosen before anything imports mujoco.
-if "MUJOCO_GL" not in os.environ:
-    os.environ["MUJOCO_GL"] = "egl" if os.path.exists("/dev/nvidia0") else "osmesa"
-
 import ast
+import ctypes
 import math
+import os
 import random
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -123,7 +120,7 @@ class Args:
     eval_only: bool = False
     """evaluate --checkpoint without training"""
     resume: Optional[str] = None
-    """continue training from this checkpoint with its saved hyperparameters (envs restart their episodes)"""
+    """continue training from this checkpoint to --total-timesteps, in a new run dir, with its saved env and hyperparameters"""
 
 
 class ConfigError(ValueError):
@@ -132,6 +129,9 @@ class ConfigError(ValueError):
 
 class NonFiniteLossError(RuntimeError):
     """A loss became NaN or inf; the run stops without overwriting the last good checkpoint."""
+
+
+SCRIPT = "ppo_continuous"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,6 +172,64 @@ def resolve_env_id(env_id: str) -> str:
         raise ConfigError(f"unknown env id {env_id!r}; accepted: a registered gymnasium id, {DM_CONTROL_FORMS}, "
                           "or Probe<1-5>Continuous-v0")
     return env_id
+
+
+# Headless MuJoCo rendering: each MUJOCO_GL backend and the shared library it loads, in order of preference.
+GL_BACKENDS = (("egl", ("libEGL.so.1",)), ("osmesa", ("libOSMesa.so.8", "libOSMesa.so.6", "libOSMesa.so")))
+GL_PACKAGES = "Mesa's EGL (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0) or OSMesa (apt-get install libosmesa6)"
+
+
+def library_loads(names: tuple[str, ...]) -> bool:
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            pass
+    return False
+
+
+def choose_gl_backend(capture_video: bool) -> Optional[str]:
+    """Set MUJOCO_GL before anything imports mujoco; return the backend (None: none loads).
+
+    The user's own MUJOCO_GL always wins. Without video nothing is rendered, so no GL library
+    is needed ('disable'); for video, the first of EGL and OSMesa whose library loads.
+    """
+    if "MUJOCO_GL" in os.environ:
+        return os.environ["MUJOCO_GL"]
+    if not capture_video:
+        os.environ["MUJOCO_GL"] = "disable"
+        return "disable"
+    if sys.platform != "linux":
+        return "default"  # macOS / Windows: MuJoCo's own windowing backend
+    for backend, libraries in GL_BACKENDS:
+        if library_loads(libraries):
+            os.environ["MUJOCO_GL"] = backend
+            return backend
+    os.environ["MUJOCO_GL"] = "disable"  # mujoco still imports; check_video names what to install
+    return None
+
+
+def check_video(env_id: str, gym_id: str, gl_backend: Optional[str]) -> None:
+    """--capture-video: one env renders one frame now, so a missing renderer fails here, in one line."""
+    spec = gym.spec(gym_id)
+    uses_mujoco = gym_id.startswith("dm_control/") or "mujoco" in str(spec.entry_point)
+    if uses_mujoco and gl_backend is None:
+        raise ConfigError(f"--capture-video: no OpenGL library loads for rendering {env_id}; install {GL_PACKAGES}")
+    try:
+        with warnings.catch_warnings():  # gymnasium warns about unsupported render modes: the check below says it
+            warnings.simplefilter("ignore")
+            env = gym.make(gym_id, render_mode="rgb_array")
+        try:
+            env.reset(seed=0)
+            frame = env.render()
+        finally:
+            env.close()
+    except Exception as e:  # a renderer that cannot start: name it, without a traceback
+        raise ConfigError(f"--capture-video: {env_id} cannot render ({type(e).__name__}: "
+                          f"{(str(e).splitlines() or [''])[0]})") from None
+    if not isinstance(frame, np.ndarray):
+        raise ConfigError(f"--capture-video: {env_id} draws no rgb frames (render() returned {type(frame).__name__})")
 
 
 class RecordEpisodeVideo(gym.Wrapper):
@@ -557,7 +615,7 @@ def save_checkpoint(path: Path, agent: Agent, optimizer: torch.optim.Optimizer, 
     """Atomic write (temporary file, then os.replace); loadable with torch.load(weights_only=True)."""
     np_state = np.random.get_state()
     state = {
-        "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+        "algo": SCRIPT, "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
         "obs_rms": envs.obs_rms.state_dict(), "reward_rms": reward_rms.state_dict(),
         "args": asdict(args), "global_step": global_step, "iteration": iteration,
         "best_eval_return": best_eval_return,
@@ -570,8 +628,30 @@ def save_checkpoint(path: Path, agent: Agent, optimizer: torch.optim.Optimizer, 
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: str) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
+def load_checkpoint(path: str, flag: str) -> dict:
+    """One of this script's checkpoints, or a ConfigError that says what the file is instead."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{flag} {path!r}: no such file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # garbage, truncated, or not written by torch.save
+        raise ConfigError(f"{flag} {path!r} is not a readable checkpoint (truncated, or not a {SCRIPT}_*.pt file)") from None
+    algo = ckpt.get("algo") if isinstance(ckpt, dict) else None
+    if algo != SCRIPT:
+        written_by = f"{algo}.py" if isinstance(algo, str) else "something else"
+        raise ConfigError(f"{flag} {path!r} was written by {written_by}, not {SCRIPT}.py; load it with that script")
+    return ckpt
+
+
+# Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
+RUN_FIELDS = ("exp_name", "cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "output_dir",
+              "total_timesteps", "eval_interval", "eval_episodes", "checkpoint", "eval_only", "resume")
+
+
+def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
+    saved = {k: tuple(v) if isinstance(v, list) else v for k, v in ckpt["args"].items()
+             if k in Args.__dataclass_fields__ and k not in RUN_FIELDS}
+    return replace(args, **saved)
 
 
 def restore_rng(rng: dict) -> None:
@@ -584,16 +664,8 @@ def restore_rng(rng: dict) -> None:
 # Training
 # ---------------------------------------------------------------------------------------------
 
-def check_args(args: Args) -> None:
+def check_args(args: Args, gl_backend: Optional[str]) -> None:
     """Reject impossible settings with one line, before any heavy work."""
-    if args.eval_only and args.checkpoint is None:
-        raise ConfigError("--eval-only needs --checkpoint PATH")
-    for name in ("checkpoint", "resume"):
-        path = getattr(args, name)
-        if path is not None and not os.path.isfile(path):
-            raise ConfigError(f"--{name} {path!r}: no such file")
-    if args.eval_only or args.resume:
-        return  # the checkpoint's own hyperparameters are used and were checked when it was made
     positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
                 "learning_rate", "clip_coef", "max_grad_norm")
     for name in positive:
@@ -625,6 +697,17 @@ def check_args(args: Args) -> None:
         if not getattr(args, name) or min(getattr(args, name)) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be one or more positive sizes, got {getattr(args, name)}")
     check_env(args.env_id)
+    if args.capture_video:
+        check_video(args.env_id, resolve_env_id(args.env_id), gl_backend)
+
+
+def check_output_dir(output_dir: str) -> None:
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--output-dir {output_dir!r} cannot be created ({e.strerror or e})") from None
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output-dir {output_dir!r} is not writable")
 
 
 def check_env(env_id: str) -> None:
@@ -644,16 +727,20 @@ def format_duration(seconds: float) -> str:
 
 
 def train(args: Args) -> dict:
-    check_args(args)
+    gl_backend = choose_gl_backend(args.capture_video)  # before anything imports mujoco
+    if args.eval_only and args.checkpoint is None:
+        raise ConfigError("--eval-only needs --checkpoint PATH")
     ckpt = None
     if args.eval_only or args.resume:
-        ckpt = load_checkpoint(args.checkpoint if args.eval_only else args.resume)
-        # The checkpoint fixes the hyperparameters; only how this run is run/logged comes from the command line.
-        keep = {k: getattr(args, k) for k in ("track", "wandb_project_name", "wandb_entity", "capture_video", "cuda",
-                                               "output_dir", "eval_episodes", "checkpoint", "eval_only", "resume")}
-        saved = {k: tuple(v) if isinstance(v, list) else v for k, v in ckpt["args"].items() if k in Args.__dataclass_fields__}
-        args = replace(args, **{**saved, **keep})
-        check_env(args.env_id)
+        ckpt = load_checkpoint(*((args.checkpoint, "--checkpoint") if args.eval_only else (args.resume, "--resume")))
+        args = args_with_checkpoint(args, ckpt)  # the checkpoint's hyperparameters and env
+    if args.resume and args.total_timesteps // (args.num_envs * args.num_steps) <= ckpt["iteration"]:
+        raise ConfigError(f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's "
+                          f"step {ckpt['global_step']}; pass a larger total to continue")
+    check_args(args, gl_backend)
+    check_output_dir(args.output_dir)
+    batch_size = args.num_envs * args.num_steps
+    final_step = args.total_timesteps // batch_size * batch_size  # whole rollouts only
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -713,8 +800,11 @@ def train(args: Args) -> dict:
             global_step, start_iteration = ckpt["global_step"], ckpt["iteration"]
             best_eval_return = ckpt["best_eval_return"]
             restore_rng(ckpt["rng"])
-            print(f"resuming {args.resume} at step {global_step} (iteration {start_iteration}) with its saved "
-                  "hyperparameters; the envs start new episodes")
+            print(f"resuming {args.resume} at step {global_step} with its saved hyperparameters; training to step "
+                  f"{final_step}")
+        elif final_step != args.total_timesteps:
+            print(f"training to step {final_step}: --total-timesteps {args.total_timesteps} rounded down to whole "
+                  f"rollouts of {batch_size} steps")
         summary = run_training(args, agent, optimizer, envs, reward_rms, writer, device, run_eval, last_path,
                                best_path, global_step, start_iteration, best_eval_return)
         return {**summary, "run_dir": str(run_dir)}
@@ -754,8 +844,7 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
     envs.frozen = start_iteration > 0
     next_obs, _ = envs.reset(seed=None if start_iteration == 0 else args.seed + start_iteration * N)
     envs.frozen = False
-    if start_iteration == 0:
-        save(last_path, 0)
+    save(last_path, start_iteration)  # _last always holds the last completed update
     train_time, start_step, saved_iteration = 0.0, global_step, start_iteration
     try:
         for iteration in range(start_iteration + 1, num_iterations + 1):
@@ -798,6 +887,8 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
             except FloatingPointError as e:
                 raise NonFiniteLossError(f"{e} at global step {global_step}") from None
             policy.sync(agent)
+            save(last_path, iteration)  # before logging: Ctrl-C from here on keeps this update
+            saved_iteration = iteration
             stats["explained_variance"] = explained_variance(batch["values"], batch["returns"])
             train_time += time.perf_counter() - t0
             sps = (global_step - start_step) / train_time
@@ -819,8 +910,7 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
                 if last_eval > best_eval_return:
                     best_eval_return = last_eval
                     save(best_path, iteration)
-            save(last_path, iteration)
-            saved_iteration = iteration
+                save(last_path, iteration)  # records the new best eval return
             ret = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
             ev = f" | eval {last_eval:.1f}" if last_eval is not None else ""
             print(f"step {global_step}/{args.total_timesteps} ({100 * global_step / args.total_timesteps:.1f}%) | "
@@ -830,7 +920,7 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
         raise NonFiniteLossError(f"{e}; stopped. Last good checkpoint: {last_path}") from None
     except KeyboardInterrupt:
         # _last already holds the state of the last completed iteration (an interrupted update is dropped).
-        print(f"\ninterrupted at step {global_step}; the last checkpoint (iteration {saved_iteration}) is saved at "
+        print(f"\ninterrupted; the last checkpoint, at step {saved_iteration * batch_size} (the last trained step), is "
               f"{last_path}", flush=True)
         raise
 

@@ -23,16 +23,14 @@ Continuous actions (``Box``): use ``ppo_continuous.py``.
 
 from __future__ import annotations
 
-import os
-
-# Headless MuJoCo rendering needs a GL backend chosen before mujoco is imported.
-os.environ.setdefault("MUJOCO_GL", "egl" if os.path.exists("/dev/nvidia0") else "osmesa")
-
+import ctypes
 import dataclasses
 import math
+import os
 import random
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Optional
@@ -112,7 +110,7 @@ class Args:
     eval_only: bool = False
     """evaluate --checkpoint (and record it with --capture-video) without training"""
     resume: Optional[str] = None
-    """continue training from this checkpoint up to --total-timesteps"""
+    """continue training from this checkpoint to --total-timesteps, in a new run dir, with its saved env and hyperparameters"""
 
 
 class ConfigError(ValueError):
@@ -141,6 +139,64 @@ def resolve_env_id(env_id: str) -> str:
         except ImportError:
             pass
     return env_id
+
+
+# Headless MuJoCo rendering: each MUJOCO_GL backend and the shared library it loads, in order of preference.
+GL_BACKENDS = (("egl", ("libEGL.so.1",)), ("osmesa", ("libOSMesa.so.8", "libOSMesa.so.6", "libOSMesa.so")))
+GL_PACKAGES = "Mesa's EGL (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0) or OSMesa (apt-get install libosmesa6)"
+
+
+def library_loads(names: tuple[str, ...]) -> bool:
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            pass
+    return False
+
+
+def choose_gl_backend(capture_video: bool) -> Optional[str]:
+    """Set MUJOCO_GL before anything imports mujoco; return the backend (None: none loads).
+
+    The user's own MUJOCO_GL always wins. Without video nothing is rendered, so no GL library
+    is needed ('disable'); for video, the first of EGL and OSMesa whose library loads.
+    """
+    if "MUJOCO_GL" in os.environ:
+        return os.environ["MUJOCO_GL"]
+    if not capture_video:
+        os.environ["MUJOCO_GL"] = "disable"
+        return "disable"
+    if sys.platform != "linux":
+        return "default"  # macOS / Windows: MuJoCo's own windowing backend
+    for backend, libraries in GL_BACKENDS:
+        if library_loads(libraries):
+            os.environ["MUJOCO_GL"] = backend
+            return backend
+    os.environ["MUJOCO_GL"] = "disable"  # mujoco still imports; check_video names what to install
+    return None
+
+
+def check_video(env_id: str, gym_id: str, gl_backend: Optional[str]) -> None:
+    """--capture-video: one env renders one frame now, so a missing renderer fails here, in one line."""
+    spec = gym.spec(gym_id)
+    uses_mujoco = gym_id.startswith("dm_control/") or "mujoco" in str(spec.entry_point)
+    if uses_mujoco and gl_backend is None:
+        raise ConfigError(f"--capture-video: no OpenGL library loads for rendering {env_id}; install {GL_PACKAGES}")
+    try:
+        with warnings.catch_warnings():  # gymnasium warns about unsupported render modes: the check below says it
+            warnings.simplefilter("ignore")
+            env = gym.make(gym_id, render_mode="rgb_array")
+        try:
+            env.reset(seed=0)
+            frame = env.render()
+        finally:
+            env.close()
+    except Exception as e:  # a renderer that cannot start: name it, without a traceback
+        raise ConfigError(f"--capture-video: {env_id} cannot render ({type(e).__name__}: "
+                          f"{(str(e).splitlines() or [''])[0]})") from None
+    if not isinstance(frame, np.ndarray):
+        raise ConfigError(f"--capture-video: {env_id} draws no rgb frames (render() returned {type(frame).__name__})")
 
 
 class RecordEpisodeVideo(gym.Wrapper):
@@ -491,20 +547,8 @@ def evaluate(agent: Agent, envs: gym.vector.VectorEnv, obs_rms: Optional[Running
 # ---------------------------------------------------------------------------------------
 # Checks, checkpoints, logging helpers
 # ---------------------------------------------------------------------------------------
-def check_args(args: Args) -> None:
+def check_args(args: Args, gl_backend: Optional[str]) -> None:
     """Reject bad input with one clear line before any heavy work."""
-    if args.eval_only and not args.checkpoint:
-        raise ConfigError("--eval-only needs --checkpoint PATH (a ppo_discrete_*.pt file)")
-    for flag, path in (("--checkpoint", args.checkpoint), ("--resume", args.resume)):
-        if path is None:
-            continue
-        try:
-            trained_on = torch.load(path, map_location="cpu", weights_only=True)["args"]["env_id"]
-        except Exception as e:  # missing, unreadable, or not one of this script's checkpoints
-            raise ConfigError(f"{flag} {path!r} is not a readable ppo_discrete_*.pt checkpoint ({str(e).splitlines()[0]})") from None
-        if trained_on != args.env_id:
-            raise ConfigError(f"{flag} {path!r} was trained on {trained_on!r}, not {args.env_id!r}; "
-                              f"pass --env-id {trained_on}")
     positive = {"--total-timesteps": args.total_timesteps, "--num-envs": args.num_envs, "--num-steps": args.num_steps,
                 "--num-minibatches": args.num_minibatches, "--update-epochs": args.update_epochs,
                 "--eval-episodes": args.eval_episodes}
@@ -523,10 +567,14 @@ def check_args(args: Args) -> None:
                           f"(num_envs * num_steps = {batch_size}); nothing would be trained")
     if args.eval_interval < 0:
         raise ConfigError(f"--eval-interval must be >= 0 (0: only the final evaluation), got {args.eval_interval}")
-    if not 0.0 < args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0:
-        raise ConfigError(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma}, {args.gae_lambda}")
-    if args.learning_rate <= 0 or args.clip_coef <= 0 or args.max_grad_norm <= 0:
-        raise ConfigError("--learning-rate, --clip-coef and --max-grad-norm must be positive")
+    if not 0.0 < args.gamma <= 1.0:
+        raise ConfigError(f"--gamma must be in (0, 1], got {args.gamma}")
+    if not 0.0 <= args.gae_lambda <= 1.0:
+        raise ConfigError(f"--gae-lambda must be in [0, 1], got {args.gae_lambda}")
+    for flag, value in (("--learning-rate", args.learning_rate), ("--clip-coef", args.clip_coef),
+                        ("--max-grad-norm", args.max_grad_norm)):
+        if not value > 0:
+            raise ConfigError(f"{flag} must be > 0, got {value}")
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
         raise ConfigError(f"--hidden-sizes needs one or more positive widths, got {args.hidden_sizes}")
     env_id = resolve_env_id(args.env_id)
@@ -540,14 +588,16 @@ def check_args(args: Args) -> None:
         raise ConfigError(f"{args.env_id!r} has a {type(action_space).__name__} action space but ppo_discrete.py "
                           f"needs a Discrete one; {NON_DISCRETE_HINT}")
     if args.capture_video:
-        env = gym.make(env_id, render_mode="rgb_array")
-        try:
-            env.reset(seed=0)
-            env.render()
-        except gym.error.DependencyNotInstalled as e:
-            raise ConfigError(f"--capture-video cannot render {args.env_id!r}: {e}") from None
-        finally:
-            env.close()
+        check_video(args.env_id, env_id, gl_backend)
+
+
+def check_output_dir(output_dir: str) -> None:
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--output-dir {output_dir!r} cannot be created ({e.strerror or e})") from None
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output-dir {output_dir!r} is not writable")
 
 
 def rng_state() -> dict:
@@ -566,7 +616,7 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, o
                     args: Args, global_step: int, iteration: int, eval_return: Optional[float]) -> None:
     """Atomic: write a temporary file, then rename it over ``path``."""
     ckpt = {
-        "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+        "algo": SCRIPT, "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
         "obs_rms": obs_rms.state_dict() if obs_rms is not None else None,
         "args": dataclasses.asdict(args), "obs_dim": agent.actor[0].in_features,
         "num_actions": agent.actor[-1].out_features, "global_step": global_step, "iteration": iteration,
@@ -577,8 +627,30 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, o
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: str, device: torch.device) -> dict:
-    return torch.load(path, map_location=device, weights_only=True)
+def load_checkpoint(path: str, flag: str) -> dict:
+    """One of this script's checkpoints, or a ConfigError that says what the file is instead."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{flag} {path!r}: no such file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # garbage, truncated, or not written by torch.save
+        raise ConfigError(f"{flag} {path!r} is not a readable checkpoint (truncated, or not a {SCRIPT}_*.pt file)") from None
+    algo = ckpt.get("algo") if isinstance(ckpt, dict) else None
+    if algo != SCRIPT:
+        written_by = f"{algo}.py" if isinstance(algo, str) else "something else"
+        raise ConfigError(f"{flag} {path!r} was written by {written_by}, not {SCRIPT}.py; load it with that script")
+    return ckpt
+
+
+# Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
+RUN_FIELDS = ("exp_name", "cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "output_dir",
+              "total_timesteps", "eval_interval", "eval_episodes", "checkpoint", "eval_only", "resume")
+
+
+def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
+    saved = {k: tuple(v) if isinstance(v, list) else v for k, v in ckpt["args"].items()
+             if k in Args.__dataclass_fields__ and k not in RUN_FIELDS}
+    return dataclasses.replace(args, **saved)
 
 
 def format_duration(seconds: float) -> str:
@@ -588,10 +660,10 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-    """One progress line per iteration; rewritten in place on a terminal, throttled in a log file."""
+    """One progress line per iteration; rewritten in place on a terminal, one line each in a log file."""
 
     def __init__(self, total: int):
-        self.total, self.tty, self.last_print = total, sys.stdout.isatty(), 0.0
+        self.total, self.tty = total, sys.stdout.isatty()
 
     def update(self, step: int, sps: float, recent_return: float, eval_return: Optional[float], final: bool = False):
         eta = (self.total - step) / sps if sps > 0 else float("nan")
@@ -600,9 +672,8 @@ class Progress:
                 f"eval {'-' if eval_return is None else f'{eval_return:.1f}'}")
         if self.tty:
             print(f"\r{line}\033[K", end="\n" if final else "", flush=True)
-        elif final or time.time() - self.last_print > 5:
+        else:
             print(line, flush=True)
-            self.last_print = time.time()
 
 
 def log_eval(writer: SummaryWriter, returns: np.ndarray, lengths: np.ndarray, step: int) -> None:
@@ -616,7 +687,18 @@ def log_eval(writer: SummaryWriter, returns: np.ndarray, lengths: np.ndarray, st
 # Training
 # ---------------------------------------------------------------------------------------
 def train(args: Args) -> dict:
-    check_args(args)
+    gl_backend = choose_gl_backend(args.capture_video)  # before anything imports mujoco
+    if args.eval_only and not args.checkpoint:
+        raise ConfigError("--eval-only needs --checkpoint PATH (a ppo_discrete_*.pt file)")
+    source_path, flag = (args.checkpoint, "--checkpoint") if args.eval_only else (args.resume, "--resume")
+    source = load_checkpoint(source_path, flag) if source_path else None
+    if source is not None:
+        args = args_with_checkpoint(args, source)
+    if args.resume and args.total_timesteps // (args.num_envs * args.num_steps) <= source["iteration"]:
+        raise ConfigError(f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's "
+                          f"step {source['global_step']}; pass a larger total to continue")
+    check_args(args, gl_backend)
+    check_output_dir(args.output_dir)
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
@@ -631,9 +713,6 @@ def train(args: Args) -> dict:
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(1)  # tiny MLPs: threading costs more than it saves
-
-    source_path = args.resume or (args.checkpoint if args.eval_only else None)
-    source = load_checkpoint(source_path, device) if source_path else None
 
     if args.track:
         import wandb
@@ -655,7 +734,7 @@ def train(args: Args) -> dict:
     optimizer = make_optimizer(agent, args)
     obs_rms = RunningMeanStd((obs_dim,)) if args.norm_obs else None
     global_step, start_iteration = 0, 0
-    if source is not None:  # check_args made sure it was trained on this env
+    if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
         agent = Agent.from_checkpoint(source).to(device)
         optimizer = make_optimizer(agent, args)
         if source["obs_rms"] is not None:
@@ -705,24 +784,31 @@ def _train_loop(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, obs_
     if obs_rms is not None:
         obs_rms.update(raw_obs)
     recent_returns: deque[float] = deque(maxlen=20)
-    best_return, last_eval, last_saved = -math.inf, None, None
+    best_return, last_eval = -math.inf, None
     train_time, trained_steps = 0.0, 0
     progress = Progress(args.total_timesteps)
     eval_returns = np.array([math.nan])
 
     def run_evaluation(step: int, iteration: int) -> np.ndarray:
-        nonlocal best_return, last_eval, last_saved
+        nonlocal best_return, last_eval
         returns, lengths = evaluate(agent, eval_envs, obs_rms, device, eval_seed)
         log_eval(writer, returns, lengths, step)
         last_eval = float(returns.mean())
         save_checkpoint(last_path, agent, optimizer, obs_rms, args, step, iteration, last_eval)
-        last_saved = last_path
         if last_eval >= best_return:
             best_return = last_eval
             save_checkpoint(best_path, agent, optimizer, obs_rms, args, step, iteration, last_eval)
         return returns
 
-    done_iteration, done_step = start_iteration, global_step  # last completed update (what Ctrl-C saves)
+    if start_iteration > 0:
+        print(f"resuming {args.resume} at step {global_step} with its saved hyperparameters; training to step "
+              f"{num_iterations * batch_size}")
+    elif num_iterations * batch_size != args.total_timesteps:
+        print(f"training to step {num_iterations * batch_size}: --total-timesteps {args.total_timesteps} "
+              f"rounded down to whole rollouts of {batch_size} steps")
+    # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
+    done_iteration, done_step = start_iteration, global_step
+    save_checkpoint(last_path, agent, optimizer, obs_rms, args, done_step, done_iteration, last_eval)
     try:
         for iteration in range(start_iteration + 1, num_iterations + 1):
             tick = time.time()
@@ -752,11 +838,12 @@ def _train_loop(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, obs_
             try:
                 stats = ppo_update(agent, optimizer, batch, args)
             except NonFiniteLoss as e:
-                where = last_saved or "none saved yet"
-                raise NonFiniteLoss(f"{e} at global step {global_step}; stopped. Last good checkpoint: {where}") from None
+                raise NonFiniteLoss(f"{e} at global step {global_step}; stopped. Last good checkpoint: {last_path} "
+                                    f"(step {done_step})") from None
             train_time += time.time() - tick
             trained_steps += batch_size
             done_iteration, done_step = iteration, global_step
+            save_checkpoint(last_path, agent, optimizer, obs_rms, args, done_step, done_iteration, last_eval)
             sps = trained_steps / train_time
 
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
@@ -777,8 +864,7 @@ def _train_loop(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, obs_
         progress.update(global_step, trained_steps / max(train_time, 1e-9),
                         float(np.mean(recent_returns)) if recent_returns else math.nan, last_eval, final=True)
     except KeyboardInterrupt:
-        save_checkpoint(last_path, agent, optimizer, obs_rms, args, done_step, done_iteration, last_eval)
-        print(f"\ninterrupted at step {global_step}; saved {last_path} (step {done_step})")
+        print(f"\ninterrupted; the last checkpoint, at step {done_step} (the last trained step), is {last_path}")
         raise
     return {"final_eval_return": float(eval_returns.mean()), "final_eval_std": float(eval_returns.std()),
             "best_eval_return": best_return, "global_step": global_step,

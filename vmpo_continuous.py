@@ -43,17 +43,14 @@ mean KL per update was 0.002 against epsilon_mu 0.05), and gamma 0.99 instead of
 cartpole tasks act every 0.01 s, so 0.98 looks only about 0.5 s ahead).
 """
 
-import os
-
-# Headless MuJoCo rendering needs a GL backend chosen before mujoco is imported.
-if "MUJOCO_GL" not in os.environ:
-    os.environ["MUJOCO_GL"] = "egl" if os.path.exists("/dev/nvidia0") else "osmesa"
-
+import ctypes
 import dataclasses
 import math
+import os
 import random
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -66,6 +63,7 @@ import tyro
 from torch.utils.tensorboard import SummaryWriter
 
 SCRIPT_STEM = os.path.splitext(os.path.basename(__file__))[0]
+ALGO = "vmpo_continuous"  # written into every checkpoint, so another script's files are recognised
 
 
 @dataclass
@@ -165,7 +163,7 @@ class Args:
     eval_only: bool = False
     """evaluate --checkpoint and exit"""
     resume: Optional[str] = None
-    """continue training from this checkpoint (same run directory, step counter, optimizer and dual state)"""
+    """continue training from this checkpoint to --total-timesteps, in a new run dir, with its saved env and hyperparameters"""
 
 
 class ConfigError(ValueError):
@@ -217,6 +215,64 @@ def resolve_env_id(env_id: str) -> str:
     if env_id.startswith("Probe"):
         import probe_envs  # noqa: F401  (registers the probe ids; only needed for them)
     return env_id
+
+
+# Headless MuJoCo rendering: each MUJOCO_GL backend and the shared library it loads, in order of preference.
+GL_BACKENDS = (("egl", ("libEGL.so.1",)), ("osmesa", ("libOSMesa.so.8", "libOSMesa.so.6", "libOSMesa.so")))
+GL_PACKAGES = "Mesa's EGL (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0) or OSMesa (apt-get install libosmesa6)"
+
+
+def library_loads(names: tuple[str, ...]) -> bool:
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            pass
+    return False
+
+
+def choose_gl_backend(capture_video: bool) -> Optional[str]:
+    """Set MUJOCO_GL before anything imports mujoco; return the backend (None: none loads).
+
+    The user's own MUJOCO_GL always wins. Without video nothing is rendered, so no GL library
+    is needed ('disable'); for video, the first of EGL and OSMesa whose library loads.
+    """
+    if "MUJOCO_GL" in os.environ:
+        return os.environ["MUJOCO_GL"]
+    if not capture_video:
+        os.environ["MUJOCO_GL"] = "disable"
+        return "disable"
+    if sys.platform != "linux":
+        return "default"  # macOS / Windows: MuJoCo's own windowing backend
+    for backend, libraries in GL_BACKENDS:
+        if library_loads(libraries):
+            os.environ["MUJOCO_GL"] = backend
+            return backend
+    os.environ["MUJOCO_GL"] = "disable"  # mujoco still imports; check_video names what to install
+    return None
+
+
+def check_video(env_id: str, gym_id: str, gl_backend: Optional[str]) -> None:
+    """--capture-video: one env renders one frame now, so a missing renderer fails here, in one line."""
+    spec = gym.spec(gym_id)
+    uses_mujoco = gym_id.startswith("dm_control/") or "mujoco" in str(spec.entry_point)
+    if uses_mujoco and gl_backend is None:
+        raise ConfigError(f"--capture-video: no OpenGL library loads for rendering {env_id}; install {GL_PACKAGES}")
+    try:
+        with warnings.catch_warnings():  # gymnasium warns about unsupported render modes: the check below says it
+            warnings.simplefilter("ignore")
+            env = gym.make(gym_id, render_mode="rgb_array")
+        try:
+            env.reset(seed=0)
+            frame = env.render()
+        finally:
+            env.close()
+    except Exception as e:  # a renderer that cannot start: name it, without a traceback
+        raise ConfigError(f"--capture-video: {env_id} cannot render ({type(e).__name__}: "
+                          f"{(str(e).splitlines() or [''])[0]})") from None
+    if not isinstance(frame, np.ndarray):
+        raise ConfigError(f"--capture-video: {env_id} draws no rgb frames (render() returned {type(frame).__name__})")
 
 
 class RecordFirstEpisode(gym.Wrapper):
@@ -696,7 +752,7 @@ def save_checkpoint(path: str, agent: Agent, duals: DualVariables, optimizers: d
     """Atomic write (tmp file, then os.replace) of everything resume needs; weights_only-loadable."""
     np_state = np.random.get_state()
     state = {
-        "agent": agent.state_dict(), "duals": duals.state_dict(),
+        "algo": ALGO, "agent": agent.state_dict(), "duals": duals.state_dict(),
         "optimizers": {name: opt.state_dict() for name, opt in optimizers.items()},
         "obs_rms": obs_rms.state_dict(), "args": dataclasses.asdict(args),
         "global_step": global_step, "iteration": iteration, "best_eval_return": best_eval_return,
@@ -716,23 +772,31 @@ def restore_rng(rng: dict) -> None:
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
 
 
-def load_checkpoint(path: str, device: torch.device) -> tuple[dict, Agent, RunningMeanStd]:
-    """(raw checkpoint, agent built from the checkpoint's own args, its normalizer)."""
-    ckpt = torch.load(path, map_location=device, weights_only=True)
-    ckpt_args = args_from_dict(ckpt["args"])
-    envs = make_vector_env(ckpt_args, 1, 0)
-    agent = build_agent(envs, ckpt_args).to(device)
-    envs.close()
-    agent.load_state_dict(ckpt["agent"])
-    obs_rms = make_normalizer(ckpt_args, ckpt["obs_rms"]["mean"].shape)
-    obs_rms.load_state_dict(ckpt["obs_rms"])
-    return ckpt, agent, obs_rms
+def load_checkpoint(path: str, flag: str) -> dict:
+    """One of this script's checkpoints, or a ConfigError that says what the file is instead."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{flag} {path!r}: no such file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # garbage, truncated, or not written by torch.save
+        raise ConfigError(f"{flag} {path!r} is not a readable checkpoint (truncated, or not a {SCRIPT_STEM}_*.pt file)") from None
+    algo = ckpt.get("algo") if isinstance(ckpt, dict) else None
+    if algo != ALGO:
+        written_by = f"{algo}.py" if isinstance(algo, str) else "something else"
+        raise ConfigError(f"{flag} {path!r} was written by {written_by}, not {ALGO}.py; load it with that script")
+    return ckpt
 
 
-def args_from_dict(d: dict) -> Args:
-    fields = {f.name for f in dataclasses.fields(Args)}
-    d = {k: (tuple(v) if k.endswith("hidden_sizes") else v) for k, v in d.items() if k in fields}
-    return Args(**d)
+# Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
+RUN_FIELDS = ("exp_name", "cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "output_dir",
+              "total_timesteps", "eval_interval", "eval_episodes", "max_episode_steps", "torch_threads", "checkpoint",
+              "eval_only", "resume")
+
+
+def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
+    saved = {k: tuple(v) if isinstance(v, list) else v for k, v in ckpt["args"].items()
+             if k in Args.__dataclass_fields__ and k not in RUN_FIELDS}
+    return dataclasses.replace(args, **saved)
 
 
 def build_agent(envs: gym.vector.VectorEnv, args: Args) -> Agent:
@@ -749,18 +813,8 @@ def make_normalizer(args: Args, shape) -> RunningMeanStd:
 # Training
 # ---------------------------------------------------------------------------------
 
-ARCHITECTURE_FIELDS = ("env_id", "policy_hidden_sizes", "value_hidden_sizes", "shared_encoder", "ppo_like_backbone",
-                       "normalize_observations", "optimizer")
-
-
-def check_args(args: Args) -> None:
+def check_args(args: Args, gl_backend: Optional[str]) -> None:
     """Validate everything cheap to validate; raise ConfigError with one clear line."""
-    if args.eval_only and not args.checkpoint:
-        raise ConfigError("--eval-only needs --checkpoint PATH (a vmpo_continuous_*.pt file)")
-    for name in ("checkpoint", "resume"):
-        path = getattr(args, name)
-        if path is not None and not os.path.isfile(path):
-            raise ConfigError(f"--{name} {path!r}: no such checkpoint file")
     if not 0.0 < args.topk_fraction <= 1.0:
         raise ConfigError(f"--topk-fraction must be in (0, 1], got {args.topk_fraction}")
     for name in ("epsilon_eta", "epsilon_mu", "epsilon_sigma", "temperature_init", "alpha_init", "policy_lr",
@@ -787,9 +841,18 @@ def check_args(args: Args) -> None:
         raise ConfigError(f"--log-std-min ({args.log_std_min}) must be < --log-std-max ({args.log_std_max})")
     if args.max_episode_steps is not None and args.max_episode_steps < 1:
         raise ConfigError(f"--max-episode-steps must be >= 1, got {args.max_episode_steps}")
-    if args.eval_only:
-        return  # the env comes from the checkpoint
     check_env(args.env_id)
+    if args.capture_video:
+        check_video(args.env_id, resolve_env_id(args.env_id), gl_backend)
+
+
+def check_output_dir(output_dir: str) -> None:
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--output-dir {output_dir!r} cannot be created ({e.strerror or e})") from None
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output-dir {output_dir!r} is not writable")
 
 
 def check_env(env_id: str) -> None:
@@ -835,23 +898,33 @@ def log_eval(writer: SummaryWriter, returns: np.ndarray, lengths: np.ndarray, st
         writer.add_scalar(f"eval/{tag}", float(value), step)
 
 
-def run_evaluation_only(args: Args) -> dict:
+def policy_from_checkpoint(ckpt: dict, device: torch.device) -> tuple[Agent, RunningMeanStd]:
+    """The saved agent and observation normalizer, built with the checkpoint's own arguments."""
+    args = args_with_checkpoint(Args(), ckpt)
+    envs = make_vector_env(args, 1, 0)  # for the spaces only
+    agent = build_agent(envs, args).to(device)
+    envs.close()
+    agent.load_state_dict(ckpt["agent"])
+    obs_rms = make_normalizer(args, ckpt["obs_rms"]["mean"].shape)
+    obs_rms.load_state_dict(ckpt["obs_rms"])
+    return agent, obs_rms
+
+
+def run_evaluation_only(args: Args, ckpt: dict) -> dict:
+    """Evaluate (and record) the checkpoint's policy on its own env, with this command's evaluation settings."""
     device = select_device(args)
-    ckpt, agent, obs_rms = load_checkpoint(args.checkpoint, device)
-    ckpt_args = args_from_dict(ckpt["args"])
-    # Evaluate on the checkpoint's env, with this command's evaluation settings.
-    eval_args = dataclasses.replace(ckpt_args, eval_episodes=args.eval_episodes, max_episode_steps=args.max_episode_steps)
-    run_name = f"{ckpt_args.env_id.replace('/', '-')}__{args.exp_name}-eval__{args.seed}__{int(time.time())}"
+    agent, obs_rms = policy_from_checkpoint(ckpt, device)
+    run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}-eval__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
     start = time.time()
-    returns, lengths = evaluate(agent, obs_rms, eval_args, device, seed=args.seed + 10_000, video_dir=video_dir,
+    returns, lengths = evaluate(agent, obs_rms, args, device, seed=args.seed + 10_000, video_dir=video_dir,
                                 name_prefix=f"eval-step{ckpt['global_step']}")
     writer = SummaryWriter(run_dir)
     log_eval(writer, returns, lengths, ckpt["global_step"])
     writer.close()
-    print(f"evaluated {args.checkpoint} (step {ckpt['global_step']}) on {ckpt_args.env_id}: "
+    print(f"evaluated {args.checkpoint} (step {ckpt['global_step']}) on {args.env_id}: "
           f"return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} episodes; run dir {run_dir}")
     return {"final_eval_return": float(returns.mean()), "final_eval_std": float(returns.std()),
             "best_eval_return": float(returns.mean()), "global_step": int(ckpt["global_step"]),
@@ -859,19 +932,25 @@ def run_evaluation_only(args: Args) -> dict:
 
 
 def train(args: Args) -> dict:
-    check_args(args)
+    gl_backend = choose_gl_backend(args.capture_video)  # before anything imports mujoco
+    if args.eval_only and not args.checkpoint:
+        raise ConfigError("--eval-only needs --checkpoint PATH (a vmpo_continuous_*.pt file)")
+    ckpt = None
+    if args.eval_only or args.resume:
+        ckpt = load_checkpoint(*((args.checkpoint, "--checkpoint") if args.eval_only else (args.resume, "--resume")))
+        args = args_with_checkpoint(args, ckpt)  # the checkpoint's hyperparameters and env
+    if args.resume and args.total_timesteps // (args.num_envs * args.num_steps) <= ckpt["iteration"]:
+        raise ConfigError(f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's "
+                          f"step {ckpt['global_step']}; pass a larger total to continue")
+    check_args(args, gl_backend)
+    check_output_dir(args.output_dir)
+    batch_size = args.num_envs * args.num_steps
+    final_step = args.total_timesteps // batch_size * batch_size  # whole rollouts only
     if args.eval_only:
-        return run_evaluation_only(args)
-    resume_ckpt = torch.load(args.resume, map_location="cpu", weights_only=True) if args.resume else None
-    if resume_ckpt is not None:
-        old = resume_ckpt["args"]
-        for name in ARCHITECTURE_FIELDS:
-            if (tuple(old[name]) if name.endswith("sizes") else old[name]) != getattr(args, name):
-                raise ConfigError(f"--resume: the checkpoint has {name}={old[name]!r} but this run has {getattr(args, name)!r}; pass the same value")
-        run_dir = os.path.dirname(os.path.abspath(args.resume))
-    else:
-        run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_dir = os.path.join(args.output_dir, run_name)
+        return run_evaluation_only(args, ckpt)
+    resume_ckpt = ckpt
+    run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
     last_path = os.path.join(run_dir, f"{SCRIPT_STEM}_last.pt")
     best_path = os.path.join(run_dir, f"{SCRIPT_STEM}_best.pt")
@@ -895,7 +974,6 @@ def train(args: Args) -> dict:
     obs_shape = envs.single_observation_space.shape
     obs_rms = make_normalizer(args, obs_shape)
 
-    batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     global_step, start_iteration, best_eval_return = 0, 1, -math.inf
     if resume_ckpt is not None:
@@ -903,16 +981,15 @@ def train(args: Args) -> dict:
         duals.load_state_dict(resume_ckpt["duals"])
         for name, opt in optimizers.items():
             opt.load_state_dict(resume_ckpt["optimizers"][name])
-        # load_state_dict restores the saved learning rates; this run's arguments win.
-        for group, lr in zip(optimizers["model"].param_groups, (args.policy_lr, args.value_lr)):
-            group["lr"] = lr
-        optimizers["temperature"].param_groups[0]["lr"] = args.temperature_lr
-        optimizers["alpha"].param_groups[0]["lr"] = args.alpha_lr
         obs_rms.load_state_dict(resume_ckpt["obs_rms"])
         restore_rng(resume_ckpt["rng"])
         global_step, start_iteration = resume_ckpt["global_step"], resume_ckpt["iteration"] + 1
         best_eval_return = resume_ckpt["best_eval_return"]
-        print(f"resumed from {args.resume} at step {global_step}")
+        print(f"resuming {args.resume} at step {global_step} with its saved hyperparameters; training to step "
+              f"{final_step}")
+    elif final_step != args.total_timesteps:
+        print(f"training to step {final_step}: --total-timesteps {args.total_timesteps} rounded down to whole "
+              f"rollouts of {batch_size} steps")
 
     # Rollout storage, (num_steps, num_envs, ...).
     act_dim = envs.single_action_space.shape[0]
@@ -933,12 +1010,14 @@ def train(args: Args) -> dict:
     last_eval, last_eval_std = float("nan"), float("nan")
     next_eval = (global_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval > 0 else math.inf
     train_time, start_time = 0.0, time.time()
-    saved_any = resume_ckpt is not None
     iteration = start_iteration - 1
     lr_scale = 1.0
 
     def checkpoint(path: str) -> None:
         save_checkpoint(path, agent, duals, optimizers, obs_rms, args, global_step, iteration, best_eval_return)
+
+    checkpoint(last_path)  # _last always holds the last completed update, so Ctrl-C loses only unfinished work
+    saved_step = global_step
 
     def run_eval() -> tuple[np.ndarray, np.ndarray]:
         video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
@@ -995,9 +1074,11 @@ def train(args: Args) -> dict:
             stats = vmpo_update(agent, duals, optimizers, batch, args)
             bad = [k for k in ("loss/total", "vmpo/dual_loss", "loss/alpha") if not math.isfinite(stats[k])]
             if bad or not all(torch.isfinite(p).all() for p in list(agent.parameters()) + list(duals.parameters())):
-                where = f"last good checkpoint: {last_path}" if saved_any else "no checkpoint was saved before it"
                 raise TrainingDiverged(f"non-finite {', '.join(bad) or 'parameters'} at global step {global_step} "
-                                       f"(iteration {iteration}); stopped; {where}")
+                                       f"(iteration {iteration}); stopped; last good checkpoint: {last_path} "
+                                       f"(step {saved_step})")
+            checkpoint(last_path)  # before logging: Ctrl-C from here on keeps this update
+            saved_step = global_step
             train_time += time.time() - t0
             sps = int((global_step - (start_iteration - 1) * batch_size) / max(train_time, 1e-9))
             writer.add_scalar("charts/SPS", sps, global_step)
@@ -1014,9 +1095,8 @@ def train(args: Args) -> dict:
                 if last_eval > best_eval_return:
                     best_eval_return = last_eval
                     checkpoint(best_path)
+                checkpoint(last_path)  # records the new best eval return
                 next_eval = (global_step // args.eval_interval + 1) * args.eval_interval
-            checkpoint(last_path)
-            saved_any = True
 
             eta = (num_iterations - iteration) * batch_size / max(sps, 1)
             recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
@@ -1032,8 +1112,8 @@ def train(args: Args) -> dict:
         checkpoint(last_path)
         print(f"final eval return {last_eval:.2f} ± {last_eval_std:.2f} | best {best_eval_return:.2f} | run dir {run_dir}")
     except KeyboardInterrupt:
-        checkpoint(last_path)
-        print(f"\ninterrupted at step {global_step}; saved {last_path}", flush=True)
+        print(f"\ninterrupted; the last checkpoint, at step {saved_step} (the last trained step), is {last_path}",
+              flush=True)
         raise
     finally:
         torch.set_num_threads(default_threads)

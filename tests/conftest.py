@@ -1,4 +1,9 @@
-"""Shared test set-up: the repository root on sys.path, headless MuJoCo rendering."""
+"""Shared test set-up: the repository root on sys.path, wandb offline.
+
+The scripts choose MuJoCo's GL backend themselves (the user's MUJOCO_GL wins); in-process
+runs set it for this process, so `helpers.script_env` gives each CLI run the environment
+the test session started with.
+"""
 
 import os
 import sys
@@ -6,5 +11,4 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("MUJOCO_GL", "osmesa")
 os.environ.setdefault("WANDB_MODE", "offline")

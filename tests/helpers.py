@@ -13,13 +13,25 @@ from typing import Callable, Sequence
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# The rendering variables as the test session found them: in-process runs set MUJOCO_GL
+# for the pytest process, and a CLI run must choose its backend as a user's run would.
+GL_VARIABLES = {name: os.environ.get(name) for name in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+
+
+def script_env(extra: dict | None = None) -> dict:
+    """os.environ with the session's own rendering variables, unbuffered output, and ``extra``."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for name, value in GL_VARIABLES.items():
+        env.pop(name, None)
+        if value is not None:
+            env[name] = value
+    return {**env, **(extra or {})}
 
 
 def run_cli(script: str, args: Sequence[str], cwd: Path | str | None = None, timeout: float = 600,
             script_dir: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python <script_dir>/<script> <args>`` as a user would; return the finished process."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, str(Path(script_dir) / script), *args], cwd=cwd, env=full_env,
+    return subprocess.run([sys.executable, str(Path(script_dir) / script), *args], cwd=cwd, env=script_env(env),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -28,7 +40,7 @@ def start_interruptible(cmd: Sequence[str], **popen_kwargs) -> subprocess.Popen:
     background jobs (`make test &`, `nohup ...`) with SIGINT ignored, and Python keeps it
     ignored; the child gets the default handler back so Ctrl-C reaches it as a user's would."""
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            env=script_env(),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen_kwargs)
 
 

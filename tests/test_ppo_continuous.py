@@ -218,7 +218,7 @@ def test_capture_video_writes_mp4_with_frames(tmp_path):
     result = run_cli(SCRIPT, ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "128", "--num-envs", "1",
                               "--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "1",
                               "--eval-episodes", "2", "--capture-video", "--output-dir", str(tmp_path), "--no-cuda"],
-                     cwd=tmp_path, env={"MUJOCO_GL": os.environ.get("MUJOCO_GL", "osmesa")})
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     videos = sorted((single_run_dir(tmp_path) / "videos").glob("*.mp4"))
     assert [v.name for v in videos] == ["eval_step128.mp4"]
@@ -334,13 +334,14 @@ def test_ctrl_c_saves_checkpoint_and_resume_continues_like_an_uninterrupted_run(
             break
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-3000:]
-    assert "interrupted at step" in stdout and "Traceback" not in stderr
+    assert "interrupted; the last checkpoint, at step" in stdout and "Traceback" not in stderr
     run_dir = single_run_dir(out)
     ckpt = torch.load(run_dir / "ppo_continuous_last.pt", weights_only=True)
     assert 640 <= ckpt["global_step"] < 9600 and ckpt["global_step"] == 64 * ckpt["iteration"]
-    assert [s for s, _ in read_scalars(run_dir)["charts/SPS"]][-1] >= ckpt["global_step"]
+    assert [s for s, _ in read_scalars(run_dir)["charts/SPS"]][-1] >= ckpt["global_step"] - 64  # logged after saving
 
-    resumed = pc.train(tiny_args(tmp_path / "resumed", resume=str(run_dir / "ppo_continuous_last.pt")))
+    resumed = pc.train(tiny_args(tmp_path / "resumed", resume=str(run_dir / "ppo_continuous_last.pt"),
+                                 total_timesteps=flags["total_timesteps"]))
     straight = pc.train(tiny_args(tmp_path / "straight", **flags))
     assert resumed["global_step"] == straight["global_step"] == 9600
     resumed_agent, resumed_ckpt = load_agent(Path(resumed["run_dir"]))

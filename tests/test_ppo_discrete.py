@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
-import signal
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +13,7 @@ import pytest
 import torch
 
 import ppo_discrete as pd
-from tests.helpers import ROOT, check_probe, read_scalars, run_cli, single_run_dir, start_interruptible
+from tests.helpers import ROOT, check_probe, read_scalars, run_cli, single_run_dir
 
 SCRIPT = "ppo_discrete.py"
 # A tiny CartPole configuration for the command-line runs: 4 iterations of 2 envs x 64 steps.
@@ -332,11 +330,11 @@ def test_eval_only_on_saved_checkpoint(cli_run, tmp_path):
     assert not list(single_run_dir(tmp_path).glob("*.pt"))  # evaluating writes no checkpoint
 
 
-def test_checkpoint_of_another_env_is_rejected(cli_run, tmp_path):
+def test_eval_only_takes_the_env_from_the_checkpoint(cli_run, tmp_path):
     _, run_dir = cli_run
-    with pytest.raises(pd.ConfigError, match="was trained on 'CartPole-v1', not 'Acrobot-v1'; pass --env-id CartPole-v1"):
-        pd.train(tiny_args(tmp_path, env_id="Acrobot-v1", eval_only=True,
-                           checkpoint=str(run_dir / "ppo_discrete_last.pt")))
+    result = pd.train(tiny_args(tmp_path, env_id="Acrobot-v1", eval_only=True,
+                                checkpoint=str(run_dir / "ppo_discrete_last.pt")))
+    assert Path(result["run_dir"]).name.startswith("CartPole-v1__")  # the saved env, not --env-id
 
 
 def test_copied_alone_runs_from_its_cli(tmp_path):
@@ -398,7 +396,7 @@ def test_resume_continues_schedule_and_step_counter(tmp_path):
     (dict(total_timesteps=0), "--total-timesteps must be a positive integer, got 0"),
     (dict(total_timesteps=-100), "--total-timesteps must be a positive integer, got -100"),
     (dict(eval_only=True), "--eval-only needs --checkpoint"),
-    (dict(eval_only=True, checkpoint="missing.pt"), "--checkpoint 'missing.pt' is not a readable ppo_discrete_*.pt"),
+    (dict(eval_only=True, checkpoint="missing.pt"), "--checkpoint 'missing.pt': no such file"),
 ])
 def test_bad_input_raises_config_error(overrides, message, tmp_path):
     with pytest.raises(pd.ConfigError) as err:
@@ -435,28 +433,7 @@ def test_non_finite_loss_stops_with_step_and_last_good_checkpoint(tmp_path):
         pd.train(tiny_args(tmp_path, learning_rate=1e38, total_timesteps=1024, eval_interval=0))
     message = str(err.value)
     assert "non-finite loss" in message and "at global step" in message
-    assert "Last good checkpoint: none saved yet" in message
-
-
-def test_ctrl_c_saves_last_checkpoint_and_exits_130(tmp_path):
-    """SIGINT a real CartPole run after a few iterations: exit code 130, a message, a loadable checkpoint."""
-    cmd = [sys.executable, str(ROOT / SCRIPT), "--total-timesteps", "10000000", "--num-envs", "2", "--num-steps", "64",
-           "--num-minibatches", "2", "--update-epochs", "2", "--eval-interval", "0", "--output-dir", str(tmp_path), "--no-cuda"]
-    proc = start_interruptible(cmd)
-    try:
-        for line in proc.stdout:  # the first progress line comes after the first update
-            if line.startswith("step "):
-                break
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, stderr[-2000:]
-    assert "interrupted at step" in stdout and "Traceback" not in stderr
-    agent, ckpt = load_agent(single_run_dir(tmp_path) / "ppo_discrete_last.pt")
-    assert ckpt["global_step"] >= 128 and ckpt["global_step"] % 128 == 0
-    assert torch.isfinite(agent.get_logits(torch.zeros(1, 4))).all()
+    assert "Last good checkpoint: " in message and "ppo_discrete_last.pt (step 0)" in message
 
 
 def synthetic_batch(n=64, seed=0):

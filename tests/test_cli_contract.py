@@ -1,0 +1,253 @@
+"""What the three scripts promise alike, checked once for each script.
+
+Bad checkpoints, output directories and video requests end in one line; resume extends a run
+to a new total; Ctrl-C keeps the last trained step; video works on classic-control envs; a
+machine without any GL library still trains, and says what to install when asked for video.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+from pathlib import Path
+
+import imageio
+import pytest
+import torch
+import tyro
+
+from tests.helpers import ROOT, read_scalars, run_cli, single_run_dir, start_interruptible
+
+# Per script: a cheap env it accepts, its tiny-run flags (rollout of BATCH steps), a probe it accepts.
+BATCH = 128
+SCRIPTS = {
+    "ppo_discrete": dict(env="CartPole-v1", probe="Probe1Discrete-v0",
+                         tiny=["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1"]),
+    "ppo_continuous": dict(env="Pendulum-v1", probe="Probe1Continuous-v0",
+                           tiny=["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1"]),
+    "vmpo_continuous": dict(env="Pendulum-v1", probe="Probe1Continuous-v0",
+                            tiny=["--num-envs", "2", "--num-steps", "64", "--m-steps", "2", "--policy-hidden-sizes", "32",
+                                  "32", "--value-hidden-sizes", "32", "32"]),
+}
+NAMES = list(SCRIPTS)
+
+
+def tiny_cli(name: str, *extra: str, env: str | None = None) -> list[str]:
+    return ["--env-id", env or SCRIPTS[name]["env"], *SCRIPTS[name]["tiny"], "--eval-episodes", "1", "--no-cuda", *extra]
+
+
+def train(name: str, *cli: str) -> dict:
+    """The script's own `train`, in this process, with arguments parsed as its command line parses them."""
+    module = importlib.import_module(name)
+    return module.train(tyro.cli(module.Args, args=list(cli)))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """A real `_last.pt` of each script (128 steps, resumable)."""
+    out = tmp_path_factory.mktemp("checkpoints")
+    paths = {}
+    for name in NAMES:
+        result = train(name, *tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0",
+                                       "--output-dir", str(out / name)))
+        paths[name] = Path(result["run_dir"]) / f"{name}_last.pt"
+    return paths
+
+
+def one_error_line(proc) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------
+# Checkpoints that are not this script's: one line, no torch advice
+# ---------------------------------------------------------------------------------
+
+
+def bad_checkpoint(kind: str, name: str, checkpoints: dict[str, Path], tmp_path: Path) -> tuple[Path, str]:
+    """A file of the given kind and the words the error must contain."""
+    path = tmp_path / f"{kind}.pt"
+    if kind == "garbage":
+        path.write_bytes(b"this is not a checkpoint\n" * 10)
+        return path, "is not a readable checkpoint"
+    if kind == "truncated":
+        data = checkpoints[name].read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+        return path, "is not a readable checkpoint"
+    other = NAMES[(NAMES.index(name) + 1) % len(NAMES)]
+    path.write_bytes(checkpoints[other].read_bytes())
+    return path, f"was written by {other}.py, not {name}.py"
+
+
+@pytest.mark.parametrize("kind", ["garbage", "truncated", "other-script"])
+@pytest.mark.parametrize("flag", ["--checkpoint", "--resume"])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_checkpoint_that_is_not_this_scripts_is_one_clear_error(name, flag, kind, checkpoints, tmp_path):
+    path, words = bad_checkpoint(kind, name, checkpoints, tmp_path)
+    mode = ["--eval-only", "--checkpoint", str(path)] if flag == "--checkpoint" else ["--resume", str(path)]
+    module = importlib.import_module(name)
+    with pytest.raises(module.ConfigError) as err:
+        train(name, *tiny_cli(name, *mode, "--output-dir", str(tmp_path / "runs")))
+    message = str(err.value)
+    assert f"{flag} {str(path)!r}" in message and words in message, message
+    assert "weights_only" not in message and "\n" not in message
+    assert not (tmp_path / "runs").exists()  # rejected before any work
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_checkpoint_on_the_command_line_is_one_line_and_exit_1(name, tmp_path):
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_text("not a checkpoint")
+    line = one_error_line(run_cli(f"{name}.py", ["--resume", str(garbage), "--output-dir", str(tmp_path)]))
+    assert "is not a readable checkpoint" in line and "weights_only" not in line
+
+
+# ---------------------------------------------------------------------------------
+# Output directory, video
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["proc", "under-a-file"])
+@pytest.mark.parametrize("name", NAMES)
+def test_an_output_dir_that_cannot_be_created_is_one_clear_error(name, where, tmp_path):
+    if where == "proc":
+        output_dir, reason = "/proc/no-such-dir/runs", "No such file or directory"
+    else:
+        (tmp_path / "a-file").write_text("")
+        output_dir, reason = str(tmp_path / "a-file" / "runs"), "Not a directory"
+    module = importlib.import_module(name)
+    with pytest.raises(module.ConfigError, match=rf"--output-dir '{output_dir}' cannot be created \({reason}\)"):
+        train(name, *tiny_cli(name, "--total-timesteps", str(BATCH), "--output-dir", output_dir))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_video_of_an_env_that_cannot_render_is_one_clear_error(name, tmp_path):
+    module = importlib.import_module(name)
+    probe = SCRIPTS[name]["probe"]
+    with pytest.raises(module.ConfigError, match=rf"--capture-video: {probe} cannot render"):
+        train(name, *tiny_cli(name, "--capture-video", "--output-dir", str(tmp_path / "runs"), env=probe))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_video_of_a_classic_control_env(name, tmp_path):
+    """CartPole-v1 (discrete) and Pendulum-v1 (continuous) render through pygame."""
+    proc = run_cli(f"{name}.py", tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0",
+                                          "--capture-video", "--output-dir", str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    videos = list((single_run_dir(tmp_path) / "videos").glob("*.mp4"))
+    assert videos, "no mp4 written"
+    frames = imageio.mimread(videos[0], memtest=False)
+    assert len(frames) >= 8 and frames[0].ndim == 3 and frames[0].std() > 0
+
+
+# A machine with no GL library at all: every GL library fails to load, as it would there.
+HIDE_GL = """import ctypes
+_load = ctypes.CDLL.__init__
+def _no_gl(self, name, *args, **kwargs):
+    if name and any(lib in str(name) for lib in ("libEGL", "libOSMesa", "libGL", "libOpenGL")):
+        raise OSError(f"{name}: cannot open shared object file: No such file or directory")
+    _load(self, name, *args, **kwargs)
+ctypes.CDLL.__init__ = _no_gl
+"""
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_without_any_gl_library_training_works_and_video_names_the_package(name, tmp_path):
+    (tmp_path / "nogl").mkdir()
+    (tmp_path / "nogl" / "sitecustomize.py").write_text(HIDE_GL)
+    no_gl = {"PYTHONPATH": str(tmp_path / "nogl")}
+    # Training and evaluation need no GL (a dm_control task where the script takes one).
+    env = "CartPole-v1" if name == "ppo_discrete" else "dm_control/cartpole/balance"
+    proc = run_cli(f"{name}.py", tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0",
+                                          "--output-dir", str(tmp_path / "train"), env=env), env=no_gl)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (single_run_dir(tmp_path / "train") / f"{name}_last.pt").is_file()
+    if name == "ppo_discrete":  # no MuJoCo env has Discrete actions; CartPole's video needs no GL
+        proc = run_cli(f"{name}.py", tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0",
+                                              "--capture-video", "--output-dir", str(tmp_path / "video")), env=no_gl)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert list((single_run_dir(tmp_path / "video") / "videos").glob("*.mp4"))
+    else:
+        proc = run_cli(f"{name}.py", tiny_cli(name, "--capture-video", "--output-dir", str(tmp_path / "video"), env=env),
+                       env=no_gl)
+        line = one_error_line(proc)
+        assert "no OpenGL library loads" in line and "apt-get install libegl1" in line and "libosmesa6" in line
+        assert not (tmp_path / "video").exists()
+
+
+# ---------------------------------------------------------------------------------
+# Resume and Ctrl-C
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resume_extends_to_the_new_total_and_says_so(name, checkpoints, tmp_path, capsys):
+    resumed = train(name, *tiny_cli(name, "--total-timesteps", str(3 * BATCH), "--eval-interval", "0",
+                                    "--resume", str(checkpoints[name]), "--output-dir", str(tmp_path)))
+    assert resumed["global_step"] == 3 * BATCH
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resuming")]
+    assert lines == [f"resuming {checkpoints[name]} at step {BATCH} with its saved hyperparameters; "
+                     f"training to step {3 * BATCH}"]
+    assert [step for step, _ in read_scalars(resumed["run_dir"])["charts/SPS"]] == [2 * BATCH, 3 * BATCH]
+    ckpt = torch.load(Path(resumed["run_dir"]) / f"{name}_last.pt", weights_only=True)
+    assert ckpt["global_step"] == 3 * BATCH
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resume_to_a_total_at_or_below_the_saved_step_is_an_error(name, checkpoints, tmp_path):
+    module = importlib.import_module(name)
+    for total in (BATCH // 2, BATCH, BATCH + BATCH // 2):  # the last rounds down to the saved step
+        with pytest.raises(module.ConfigError, match=rf"--total-timesteps {total} leaves nothing to train after the "
+                                                     rf"checkpoint's step {BATCH}; pass a larger total"):
+            train(name, *tiny_cli(name, "--total-timesteps", str(total), "--resume", str(checkpoints[name]),
+                                  "--output-dir", str(tmp_path)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_total_that_is_not_whole_rollouts_is_announced(name, tmp_path, capsys):
+    result = train(name, *tiny_cli(name, "--total-timesteps", str(2 * BATCH + 50), "--eval-interval", "0",
+                                   "--output-dir", str(tmp_path)))
+    assert result["global_step"] == 2 * BATCH
+    assert (f"training to step {2 * BATCH}: --total-timesteps {2 * BATCH + 50} rounded down to whole rollouts "
+            f"of {BATCH} steps") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ctrl_c_keeps_the_last_trained_step_and_resume_repeats_nothing(name, tmp_path):
+    """SIGINT a real run mid-training: exit 130, one message, a checkpoint of the last completed
+    update. Resuming it trains exactly the rollouts after that step: none twice, none skipped."""
+    out = tmp_path / "interrupted"
+    proc = start_interruptible([sys.executable, str(ROOT / f"{name}.py"),
+                                *tiny_cli(name, "--total-timesteps", "100000000", "--eval-interval", "0",
+                                          "--output-dir", str(out))])
+    try:
+        progress = 0
+        for line in proc.stdout:
+            progress += line.startswith("step ")
+            if progress == 3:  # three updates done, the fourth rollout under way
+                break
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+    run_dir = single_run_dir(out)
+    last = run_dir / f"{name}_last.pt"
+    ckpt = torch.load(last, weights_only=True)
+    saved = ckpt["global_step"]
+    assert saved >= 3 * BATCH and saved % BATCH == 0
+    assert f"interrupted; the last checkpoint, at step {saved} (the last trained step), is {last}" in stdout
+    assert all(torch.isfinite(t).all() for t in ckpt["agent"].values())
+    logged = [step for step, _ in read_scalars(run_dir)["charts/SPS"]]
+    # Logging follows the save, so the interrupted run logged every update up to the saved one (or the one before).
+    assert logged == list(range(BATCH, logged[-1] + 1, BATCH)) and logged[-1] in (saved - BATCH, saved)
+
+    resumed = train(name, *tiny_cli(name, "--total-timesteps", str(saved + 2 * BATCH), "--eval-interval", "0",
+                                    "--resume", str(last), "--output-dir", str(tmp_path / "resumed")))
+    assert [step for step, _ in read_scalars(resumed["run_dir"])["charts/SPS"]] == [saved + BATCH, saved + 2 * BATCH]
