@@ -57,7 +57,8 @@ LOG_TAIL_LINES = 8
 DRY_SAMPLES = 16  # random draws of the search space at start-up: parameter names, flags the script accepts
 BEST_ROWS = 10
 HEARTBEAT_SECONDS, GRACE_SECONDS = 60, 180  # RDB storages: a trial whose worker died is failed after the grace
-COUNTED = ("COMPLETE", "PRUNED")  # the finished trials that --trials counts
+COUNTED = ("COMPLETE", "PRUNED")  # the finished trials that --trials counts (a failed one is retried)
+FAILURES_IN_A_ROW = 10  # a worker gives up after this many failed trials in a row (a broken setup, not bad luck)
 
 
 # ---------------------------------------------------------------------------------------
@@ -531,7 +532,7 @@ class Objective:
                 done = all(r.proc.poll() is not None for r in runs)  # before reading: no eval is missed
                 for r in runs:
                     if r.proc.poll() not in (None, 0):
-                        raise TrialFailed(r.failure())
+                        self.fail(trial, r.failure())
                 curves = [r.evals() for r in runs]
                 slotted = [self.slots(c) for c in curves]
                 for slot in sorted(set.intersection(*map(set, slotted)) - reported):
@@ -562,13 +563,18 @@ class Objective:
         finals = {}
         for run, curve in zip(runs, curves):
             if not curve:
-                raise TrialFailed(f"seed {run.seed}: no eval/return_mean in {run.dir / 'tb'}")
+                self.fail(trial, f"seed {run.seed}: no eval/return_mean in {run.dir / 'tb'}")
             finals[run.seed] = curve[max(curve)]
         trial.set_user_attr("final_returns", {str(k): v for k, v in finals.items()})
         value = sum(finals.values()) / len(finals)
         if not math.isfinite(value):
-            raise TrialFailed(f"final evaluation is {value}")
+            self.fail(trial, f"final evaluation is {value}")
         return value
+
+    @staticmethod
+    def fail(trial, error: str) -> typing.NoReturn:
+        trial.set_user_attr("error", error)
+        raise TrialFailed(error)
 
 
 # ---------------------------------------------------------------------------------------
@@ -594,10 +600,11 @@ def trial_rows(study) -> tuple[list[str], list[dict]]:
     rows = [{"number": t.number, "state": t.state.name, "value": "" if t.value is None else round(t.value, 4),
              "duration_s": "" if t.duration is None else round(t.duration.total_seconds(), 1),
              "last_reported_step": max(t.intermediate_values, default=""),
-             "pruned_at_step": t.user_attrs.get("pruned_at_step", ""),
+             "pruned_at_step": t.user_attrs.get("pruned_at_step", ""), "error": t.user_attrs.get("error", ""),
              "flags": shlex.join(t.user_attrs.get("flags", [])), **{p: t.params.get(p, "") for p in params}}
             for t in trials]
-    return ["number", "state", "value", "duration_s", "last_reported_step", "pruned_at_step", "flags", *params], rows
+    return ["number", "state", "value", "duration_s", "last_reported_step", "pruned_at_step", "error", "flags",
+            *params], rows
 
 
 def write_table(path: Path, header: list[str], rows: list[dict]) -> None:
@@ -696,6 +703,22 @@ def write_outputs(s: Setup, study) -> None:
 # ---------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------
+class FailureLimit:
+    """Optuna callback: stop this worker after FAILURES_IN_A_ROW failed trials in a row. Failed trials
+    do not count toward --trials, so a setup in which every run fails would otherwise never end."""
+
+    def __init__(self):
+        self.in_a_row, self.gave_up, self.last_error = 0, False, ""
+
+    def __call__(self, study, trial) -> None:
+        failed = trial.state.name == "FAIL"
+        self.in_a_row = self.in_a_row + 1 if failed else 0
+        self.last_error = trial.user_attrs.get("error", "") if failed else self.last_error
+        if self.in_a_row >= FAILURES_IN_A_ROW:
+            self.gave_up = True
+            study.stop()
+
+
 def interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM as Ctrl-C: the running trial is failed, its processes stopped
 
@@ -707,21 +730,25 @@ def main() -> int:
     study = open_study(s)
     finished = count_finished(study)
     todo = max(0, s.trials - finished)
-    print(f"study {s.study} in {s.storage}: {finished} of {s.trials} trials finished, up to {todo} to run "
-          f"(seeds {' '.join(map(str, s.seeds))}; {s.budget:,} steps each)")
+    print(f"study {s.study} in {s.storage}: {finished} of {s.trials} trials finished (complete or pruned), "
+          f"{todo} to go (seeds {' '.join(map(str, s.seeds))}; {s.budget:,} steps each)")
     print(f"live view: optuna-dashboard {dashboard_target(s.storage)}", flush=True)
     signal.signal(signal.SIGTERM, interrupt)
     logging.getLogger("optuna.study._optimize").addFilter(ShortFailure())
     code = 0
+    failures = FailureLimit()
     try:
         if todo:
             counted = tuple(optuna.trial.TrialState[name] for name in COUNTED)
             stop_at = optuna.study.MaxTrialsCallback(s.trials, states=counted)  # other workers' trials count too
-            study.optimize(Objective(s), n_trials=todo, catch=(TrialFailed,), callbacks=[stop_at])
+            study.optimize(Objective(s), catch=(TrialFailed,), callbacks=[stop_at, failures])
     except KeyboardInterrupt:
         print("\ninterrupted: the running trial is marked failed; the same command continues the study", flush=True)
         code = 130
     write_outputs(s, study)
+    if failures.gave_up:
+        print(f"stopped: {FAILURES_IN_A_ROW} trials failed in a row; the last one: {failures.last_error}")
+        code = 1
     return code
 
 
