@@ -258,7 +258,7 @@ def parse_cli(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--pruner", default="median", help="median (default), none, or threshold:X (prune a trial "
                    "whose evaluation is below X)")
     p.add_argument("--warmup", help="env steps before a trial can be pruned (default: a third of the budget)")
-    p.add_argument("--startup-trials", type=int, default=5, help="median pruner: trials that finish before "
+    p.add_argument("--startup-trials", type=int, default=5, help="median pruner: trials that complete before "
                    "pruning starts (default: 5)")
     p.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (reproducible with one worker)")
     return p.parse_args(own), fixed
