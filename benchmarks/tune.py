@@ -7,9 +7,10 @@ Each trial samples flags from the script's search space (`sample_<algo>` below, 
 function per script) and runs `<script> --env-id ENV --seed S --total-timesteps BUDGET
 --output-dir <trial>/seed<S>/tb [--eval-interval BUDGET/EVALS] <sampled flags> <fixed args>`
 in its own process, one per seed, the seeds in parallel. While they run, their
-`eval/return_mean` points are read back from the TensorBoard events; the mean over seeds at
-each step is reported to Optuna, whose pruner (median by default) may stop the trial: its
-processes are then terminated (killed if they do not stop) and waited for. The objective is
+`eval/return_mean` points are read back from the TensorBoard events; the mean over seeds of
+each evaluation is reported to Optuna (at its slot k * eval_interval, see `Objective`), whose
+pruner (median by default) may stop the trial: its processes are then terminated (killed if
+they do not stop) and waited for. The objective is
 the final deterministic evaluation, averaged over the seeds. A run that exits non-zero (bad
 sampled values, a NaN stop) fails its trial; the study goes on.
 
@@ -22,7 +23,7 @@ the same `--storage` join one study. Watch it live with `optuna-dashboard <stora
 Written to `--out` (default `benchmarks/results/tune/<study>/`) when the tool stops, also
 after Ctrl-C: `trials.csv`, `best.md` (best 10), `best_command.txt`, `history.png`,
 `intermediate.png` and `importances.png`. Trial runs (logs, TensorBoard events,
-checkpoints) live in `<out>/trials/<number>/seed<S>/`.
+checkpoints) live in `<out>/trials/<number>/seed<S>/` (git-ignored).
 """
 
 from __future__ import annotations

@@ -158,6 +158,11 @@ def test_killed_study_resumes(tmp_path):
     assert proc.returncode == 0 and "2 of 2 trials finished (complete or pruned), 0 to go" in proc.stdout
     assert len(study_trials(storage, name)) == 3
 
+    other = [*command[:-1], "1"]  # --eval-episodes 1: another config under the same (default) study name
+    proc = tune(*other)
+    assert proc.returncode == 1 and "was started with another config" in proc.stderr and "Traceback" not in proc.stderr
+    assert "give this search its own --study" in proc.stderr and len(study_trials(storage, name)) == 3
+
 
 def test_crashed_run_fails_its_trial_and_the_study_goes_on(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
