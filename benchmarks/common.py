@@ -1,10 +1,10 @@
-"""Pieces shared by the benchmark tools (`run.py`, `report.py`, `throughput.py`).
+"""Pieces shared by the benchmark tools (`run.py`, `report.py`, `throughput.py`, `tune.py`).
 
 - which algorithm script a name means, and importing it by path;
 - the command-line shapes they share (`-- <script args>` pass-through, config tags,
   step budgets such as `200k` or `1M`);
 - the results CSV: its columns, a locked atomic writer, a typed reader;
-- reading the evaluation curve of one run back from its TensorBoard events.
+- reading the evaluation curve of one run back from its TensorBoard events, also while it runs.
 """
 
 from __future__ import annotations
@@ -168,22 +168,37 @@ def read_results(paths: Iterable[Path]) -> list[dict]:
     return rows
 
 
-def read_eval_curve(run_dir: Path) -> list[dict]:
-    """Evaluations logged by one run: [{step, wall_time, eval_return, eval_std}], by step.
+class EvalReader:
+    """The evaluations of one run, read back from its TensorBoard events as they are written.
 
-    If a step was logged twice (a periodic evaluation falling on the last step and the
-    final evaluation), the later event wins.
+    Each ``read()`` loads only the events added since the last one, so a tool can poll a run
+    that is still training (as `tune.py` does) without re-reading its whole event file.
     """
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    tags = acc.Tags()["scalars"]
-    if "eval/return_mean" not in tags:
-        return []
-    start = acc.FirstEventTimestamp()
-    stds = {e.step: e.value for e in acc.Scalars("eval/return_std")} if "eval/return_std" in tags else {}
-    by_step = {e.step: {"step": e.step, "wall_time": e.wall_time - start, "eval_return": e.value,
-                        "eval_std": stds.get(e.step, float("nan"))}
-               for e in sorted(acc.Scalars("eval/return_mean"), key=lambda e: e.wall_time)}
-    return [by_step[s] for s in sorted(by_step)]
+    def __init__(self, run_dir: Path):
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        self._acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+
+    def read(self) -> list[dict]:
+        """[{step, wall_time, eval_return, eval_std}] by step, for every evaluation logged so far.
+
+        If a step was logged twice (a periodic evaluation falling on the last step and the
+        final evaluation), the later event wins.
+        """
+        acc = self._acc
+        acc.Reload()
+        tags = acc.Tags()["scalars"]
+        if "eval/return_mean" not in tags:
+            return []
+        start = acc.FirstEventTimestamp()
+        stds = {e.step: e.value for e in acc.Scalars("eval/return_std")} if "eval/return_std" in tags else {}
+        by_step = {e.step: {"step": e.step, "wall_time": e.wall_time - start, "eval_return": e.value,
+                            "eval_std": stds.get(e.step, float("nan"))}
+                   for e in sorted(acc.Scalars("eval/return_mean"), key=lambda e: e.wall_time)}
+        return [by_step[s] for s in sorted(by_step)]
+
+
+def read_eval_curve(run_dir: Path) -> list[dict]:
+    """Evaluations logged by one (finished) run: [{step, wall_time, eval_return, eval_std}], by step."""
+    return EvalReader(run_dir).read()

@@ -1,0 +1,757 @@
+r"""Hyperparameter search with Optuna over an algorithm script's real command line.
+
+    python benchmarks/tune.py --algo vmpo_continuous --env dm_control/cartpole/balance \
+        --budget 200k --trials 40 [--seeds 1 2] [--storage URL] [--study NAME] [-- fixed script args]
+
+Each trial samples flags from the script's search space (`sample_<algo>` below, one
+function per script) and runs `<script> --env-id ENV --seed S --total-timesteps BUDGET
+--output-dir <trial>/seed<S>/tb [--eval-interval BUDGET/EVALS] <sampled flags> <fixed args>`
+in its own process, one per seed, the seeds in parallel. While they run, their
+`eval/return_mean` points are read back from the TensorBoard events; the mean over seeds of
+each evaluation is reported to Optuna (at its slot k * eval_interval, see `Objective`), whose
+pruner (median by default) may stop the trial: its processes are then terminated (killed if
+they do not stop) and waited for. The objective is
+the final deterministic evaluation, averaged over the seeds. A run that exits non-zero (bad
+sampled values, a NaN stop) fails its trial; the study goes on.
+
+Storage: a SQLite file `<out>/study.db` by default, so the same command again resumes the
+study (`--trials` counts the finished trials, complete or pruned, already stored).
+`--storage` takes any Optuna storage URL (postgresql://, mysql://, sqlite:///) or a journal
+file (`journal:PATH`, or a path ending in `.log`): N machines running the same command with
+the same `--storage` join one study. Watch it live with `optuna-dashboard <storage>`.
+
+Written to `--out` (default `benchmarks/results/tune/<study>/`) when the tool stops, also
+after Ctrl-C: `trials.csv`, `best.md` (best 10), `best_command.txt`, `history.png`,
+`intermediate.png` and `importances.png`. Trial runs (logs, TensorBoard events,
+checkpoints) live in `<out>/trials/<number>/seed<S>/` (git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import logging
+import math
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import typing
+import warnings
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+MANAGED = ("--env-id", "--seed", "--total-timesteps", "--output-dir")
+POLL_SECONDS = 1.0  # how often a running trial's TensorBoard events are read
+STOP_SECONDS = 10.0  # grace between terminate and kill of a pruned trial's process
+LOG_TAIL_LINES = 8
+DRY_SAMPLES = 16  # random draws of the search space at start-up: parameter names, flags the script accepts
+BEST_ROWS = 10
+HEARTBEAT_SECONDS, GRACE_SECONDS = 60, 180  # RDB storages: a trial whose worker died is failed after the grace
+COUNTED = ("COMPLETE", "PRUNED")  # the finished trials that --trials counts (a failed one is retried)
+FAILURES_IN_A_ROW = 10  # a worker gives up after this many failed trials in a row (a broken setup, not bad luck)
+
+
+# ---------------------------------------------------------------------------------------
+# Search spaces: one function per script, `sample_<algo>(trial, args) -> list of CLI flags`.
+# Parameter names are the scripts' `Args` field names. `args` is the script's Args with its
+# defaults and the fixed args after `--`, so a space can follow what the script offers.
+# ---------------------------------------------------------------------------------------
+def sample_ppo_discrete(trial: SearchTrial, args: Any) -> list[str]:
+    return flags(
+        learning_rate=trial.suggest_float("learning_rate", 3e-5, 3e-3, log=True),
+        num_envs=trial.suggest_categorical("num_envs", [4, 8, 16, 32]),
+        num_steps=trial.suggest_categorical("num_steps", [8, 16, 32, 64, 128, 256, 512]),
+        num_minibatches=trial.suggest_categorical("num_minibatches", [1, 2, 4, 8, 16]),
+        update_epochs=trial.suggest_int("update_epochs", 1, 20),
+        clip_coef=trial.suggest_categorical("clip_coef", [0.1, 0.2, 0.3, 0.4]),
+        gamma=trial.suggest_categorical("gamma", [0.9, 0.95, 0.98, 0.99, 0.995, 0.999]),
+        gae_lambda=trial.suggest_categorical("gae_lambda", [0.8, 0.9, 0.92, 0.95, 0.98, 0.99, 1.0]),
+        ent_coef=trial.suggest_float("ent_coef", 1e-8, 0.1, log=True),
+        vf_coef=trial.suggest_float("vf_coef", 0.1, 1.0),
+        max_grad_norm=trial.suggest_categorical("max_grad_norm", [0.3, 0.5, 1.0, 2.0, 5.0]),
+        hidden_sizes=layers(trial.suggest_categorical("hidden_sizes", ["64x64", "128x128", "256x256", "64x64x64"])),
+        anneal_lr=trial.suggest_categorical("anneal_lr", [True, False]),
+    )
+
+
+def sample_ppo_continuous(trial: SearchTrial, args: Any) -> list[str]:
+    return flags(
+        learning_rate=trial.suggest_float("learning_rate", 3e-5, 3e-3, log=True),
+        num_envs=trial.suggest_categorical("num_envs", [1, 2, 4, 8, 16]),
+        num_steps=trial.suggest_categorical("num_steps", [64, 128, 256, 512, 1024, 2048]),
+        num_minibatches=trial.suggest_categorical("num_minibatches", [1, 2, 4, 8, 16, 32]),
+        update_epochs=trial.suggest_int("update_epochs", 1, 20),
+        clip_coef=trial.suggest_categorical("clip_coef", [0.1, 0.2, 0.3, 0.4]),
+        gamma=trial.suggest_categorical("gamma", [0.95, 0.98, 0.99, 0.995, 0.999]),
+        gae_lambda=trial.suggest_categorical("gae_lambda", [0.8, 0.9, 0.92, 0.95, 0.98, 0.99, 1.0]),
+        ent_coef=trial.suggest_float("ent_coef", 1e-8, 1e-2, log=True),
+        vf_coef=trial.suggest_float("vf_coef", 0.1, 1.0),
+        max_grad_norm=trial.suggest_categorical("max_grad_norm", [0.3, 0.5, 1.0, 2.0, 5.0]),
+        actor_hidden_sizes=layers(trial.suggest_categorical("actor_hidden_sizes", ["64x64", "128x128", "256x256"])),
+        critic_hidden_sizes=layers(trial.suggest_categorical("critic_hidden_sizes",
+                                                             ["64x64", "128x128", "256x256", "512x512"])),
+        init_log_std=trial.suggest_float("init_log_std", -2.0, 0.5),
+        anneal_lr=trial.suggest_categorical("anneal_lr", [True, False]),
+        reward_scaling=trial.suggest_categorical("reward_scaling", [True, False]),
+    )
+
+
+def sample_vmpo_continuous(trial: SearchTrial, args: Any) -> list[str]:
+    sampled = flags(
+        policy_lr=trial.suggest_float("policy_lr", 3e-5, 3e-3, log=True),
+        value_lr=trial.suggest_float("value_lr", 3e-5, 3e-3, log=True),
+        num_envs=trial.suggest_categorical("num_envs", [4, 8, 16]),
+        num_steps=trial.suggest_categorical("num_steps", [32, 64, 128, 256, 512]),
+        m_steps=trial.suggest_categorical("m_steps", [1, 2, 4, 8, 16, 32]),
+        topk_fraction=trial.suggest_float("topk_fraction", 0.2, 1.0),
+        epsilon_eta=trial.suggest_float("epsilon_eta", 0.01, 1.0, log=True),
+        epsilon_mu=trial.suggest_float("epsilon_mu", 1e-3, 0.5, log=True),
+        epsilon_sigma=trial.suggest_float("epsilon_sigma", 1e-5, 1e-2, log=True),
+        temperature_lr=trial.suggest_float("temperature_lr", 1e-3, 0.1, log=True),
+        alpha_lr=trial.suggest_float("alpha_lr", 1e-3, 0.1, log=True),
+        gamma=trial.suggest_categorical("gamma", [0.95, 0.98, 0.99, 0.995]),
+        gae_lambda=trial.suggest_categorical("gae_lambda", [0.8, 0.9, 0.95, 0.98, 1.0]),
+        policy_hidden_sizes=layers(trial.suggest_categorical("policy_hidden_sizes",
+                                                             ["64x64", "128x128", "256x256", "512x512"])),
+        value_hidden_sizes=layers(trial.suggest_categorical("value_hidden_sizes",
+                                                            ["64x64", "128x128", "256x256", "512x512"])),
+        ppo_like_backbone=trial.suggest_categorical("ppo_like_backbone", [False, True]),
+        anneal_lr=trial.suggest_categorical("anneal_lr", [False, True]),
+    )
+    # Departures from the paper (the V-MPO issue), searched where the script has them.
+    if hasattr(args, "m_step"):
+        sampled += flags(m_step=trial.suggest_categorical("m_step", literal_choices(args, "m_step")))
+    if hasattr(args, "m_step_clip"):
+        sampled += flags(m_step_clip=trial.suggest_categorical("m_step_clip", [0.1, 0.2, 0.3]))
+    if hasattr(args, "init_log_std"):
+        sampled += flags(init_log_std=trial.suggest_float("init_log_std", -2.0, 0.5))
+    return sampled
+
+
+SAMPLERS: dict[str, Callable[[SearchTrial, Any], list[str]]] = {
+    "ppo_discrete": sample_ppo_discrete,
+    "ppo_continuous": sample_ppo_continuous,
+    "vmpo_continuous": sample_vmpo_continuous,
+}
+
+
+# ---------------------------------------------------------------------------------------
+# What the samplers use
+# ---------------------------------------------------------------------------------------
+class SearchTrial:
+    """The Optuna trial as a sampler sees it. A parameter outside the search (fixed after `--`,
+    or left out by `--params`) is not suggested: `suggest_*` returns None, and `flags()` leaves
+    it out, so the script's own default or the fixed value applies."""
+
+    def __init__(self, trial, searched: Callable[[str], bool]):
+        self.trial, self.searched = trial, searched
+
+    def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float | None:
+        return self.trial.suggest_float(name, low, high, log=log) if self.searched(name) else None
+
+    def suggest_int(self, name: str, low: int, high: int, *, log: bool = False) -> int | None:
+        return self.trial.suggest_int(name, low, high, log=log) if self.searched(name) else None
+
+    def suggest_categorical(self, name: str, choices: Sequence) -> Any:
+        return self.trial.suggest_categorical(name, list(choices)) if self.searched(name) else None
+
+
+def flags(**values) -> list[str]:
+    """`flags(num_envs=8, anneal_lr=False, hidden_sizes=[64, 64])` -> `--num-envs 8 --no-anneal-lr
+    --hidden-sizes 64 64`; None values are left out, floats keep 4 significant digits."""
+    out = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (list, tuple)):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, f"{value:.4g}" if isinstance(value, float) else str(value)]
+    return out
+
+
+def layers(choice: str | None) -> list[int] | None:
+    """A hidden-sizes choice such as '256x256' -> [256, 256]."""
+    return None if choice is None else [int(w) for w in choice.split("x")]
+
+
+def literal_choices(args: Any, name: str) -> list:
+    """The values a `Literal[...]` field of the script's Args accepts."""
+    return list(typing.get_args(typing.get_type_hints(type(args))[name]))
+
+
+# ---------------------------------------------------------------------------------------
+# Command line and start-up checks (all before the first trial)
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Setup:
+    script: Path
+    env: str
+    budget: int
+    seeds: list[int]
+    trials: int
+    fixed: list[str]  # script args after `--`
+    tool_args: list[str]  # script args the tool adds (the evaluation interval)
+    study: str
+    out: Path
+    storage: str  # as the user gives it to optuna-dashboard
+    searched: Callable[[str], bool]
+    space_names: list[str]
+    pruner: str
+    warmup: int
+    startup_trials: int
+    sampler_seed: int | None
+    base_args: Any  # the script's Args: its defaults, the env, the budget and the fixed args
+
+    @property
+    def algo(self) -> str:
+        return self.script.stem
+
+    @property
+    def config(self) -> dict:
+        """What defines the study: a second worker or a rerun must match it."""
+        return {"algo": self.algo, "env": self.env, "budget": self.budget, "seeds": self.seeds,
+                "fixed_args": self.fixed, "tool_args": self.tool_args,
+                "searched": sorted(filter(self.searched, self.space_names))}
+
+
+def steps_text(n: int) -> str:
+    """200000 -> '200k', 1000000 -> '1M', 2048 -> '2048'."""
+    for unit, size in (("M", 1_000_000), ("k", 1_000)):
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def parse_cli(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    own, fixed = common.split_passthrough(argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="%(prog)s --algo ALGO --env ENV --budget N --trials N [options] [-- script args]")
+    p.add_argument("--algo", required=True, help=f"one of {', '.join(SAMPLERS)}")
+    p.add_argument("--env", required=True, help="env id, e.g. dm_control/cartpole/balance or CartPole-v1")
+    p.add_argument("--budget", required=True, help="env steps per trial run (200000, 200k, 1M)")
+    p.add_argument("--trials", type=int, required=True,
+                   help="finished trials (complete or pruned) the study should have; reruns count the stored ones")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds of each trial, run in parallel; "
+                   "the objective is the mean of their final evaluations (default: 1)")
+    p.add_argument("--storage", help="Optuna storage URL (postgresql://, mysql://, sqlite:///) or a journal file "
+                   "(journal:PATH or PATH.log); default: sqlite:///<out>/study.db")
+    p.add_argument("--study", help="study name (default: <algo>-<env>-<budget>)")
+    p.add_argument("--out", type=Path, help="outputs and trial runs (default: benchmarks/results/tune/<study>/)")
+    p.add_argument("--params", nargs="+", metavar="NAME", help="search only these parameters of the space; the "
+                   "others keep the script's defaults (default: the whole space)")
+    p.add_argument("--evals", type=int, default=5, help="evaluations per run: sets --eval-interval BUDGET/EVALS "
+                   "unless the script args give one; 0 keeps the script's own (default: 5)")
+    p.add_argument("--pruner", default="median", help="median (default), none, or threshold:X (prune a trial "
+                   "whose evaluation is below X)")
+    p.add_argument("--warmup", help="env steps before a trial can be pruned (default: a third of the budget)")
+    p.add_argument("--startup-trials", type=int, default=5, help="median pruner: trials that complete before "
+                   "pruning starts (default: 5)")
+    p.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (reproducible with one worker)")
+    return p.parse_args(own), fixed
+
+
+def load_args(module, argv: list[str], script: Path, what: str):
+    """The script's Args from ``argv`` through its own parser (tyro); a parse error becomes one line
+    naming ``what`` was rejected."""
+    import tyro
+
+    text = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(text), contextlib.redirect_stdout(text):
+            return tyro.cli(module.Args, args=argv, prog=script.name)
+    except SystemExit:
+        lines = [ln.strip() for ln in text.getvalue().splitlines()]
+        detail = next((ln for ln in lines[1:] if ln and set(ln) != {"-"}), "rejected")
+        raise common.BenchmarkError(f"{script.name} rejects {what}: {detail}") from None
+
+
+def check_script_args(module, args) -> None:
+    """The script's own argument and env checks (its `check_args`), as one line on failure."""
+    try:
+        module.check_args(args)
+    except Exception as e:
+        if type(e).__name__ == "ConfigError":  # the script's own message
+            raise common.BenchmarkError(str(e)) from None
+        first = (str(e).splitlines() or [""])[0]
+        raise common.BenchmarkError(f"{module.__name__}.py failed to check its args and env {args.env_id!r}: "
+                                    f"{type(e).__name__}: {first}") from None
+
+
+def fixed_names(fixed: list[str], arg_names: set[str]) -> set[str]:
+    """Args field names the script args after `--` set (`--num-envs 4`, `--no-anneal-lr`, `--x=1`)."""
+    names = set()
+    for token in fixed:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            names.add(name[3:] if name.startswith("no_") and name not in arg_names else name)
+    return names & arg_names
+
+
+def dry_samples(sampler, args, searched: Callable[[str], bool]) -> tuple[list[str], list[list[str]]]:
+    """Draw the space a few times in memory: the parameter names it has and example flag lists."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    names: dict[str, None] = {}
+    samples = []
+    for _ in range(DRY_SAMPLES):
+        trial = study.ask()
+        samples.append(sampler(SearchTrial(trial, searched), args))
+        names.update(dict.fromkeys(trial.params))
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    return list(names), samples
+
+
+def make_pruner(spec: str, warmup: int, startup_trials: int):
+    import optuna
+
+    if spec == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup)
+    if spec == "none":
+        return optuna.pruners.NopPruner()
+    if spec.startswith("threshold:"):
+        try:
+            lower = float(spec.split(":", 1)[1])
+        except ValueError:
+            lower = math.nan
+        if math.isfinite(lower):
+            return optuna.pruners.ThresholdPruner(lower=lower, n_warmup_steps=warmup)
+    raise common.BenchmarkError(f"--pruner {spec!r}: use median, none or threshold:X (X a number)")
+
+
+def setup(argv: Sequence[str]) -> Setup:
+    """Parse and check everything that can be checked without running a trial."""
+    opts, fixed = parse_cli(argv)
+    script = common.resolve_script(opts.algo)
+    if script.stem not in SAMPLERS:
+        raise common.BenchmarkError(f"--algo {opts.algo!r}: no search space for {script.stem} "
+                                    f"(tune.py has one for {', '.join(SAMPLERS)})")
+    common.reject_managed(fixed, MANAGED, "tune.py")
+    budget = common.parse_steps(opts.budget)
+    if opts.trials < 1 or opts.evals < 0 or opts.startup_trials < 0:
+        raise common.BenchmarkError("--trials must be >= 1, --evals and --startup-trials >= 0")
+    warmup = budget // 3 if opts.warmup is None else 0 if opts.warmup == "0" else common.parse_steps(opts.warmup)
+    make_pruner(opts.pruner, warmup, opts.startup_trials)  # a bad --pruner fails here
+    module = common.load_script(script)
+    arg_names = {f.name for f in fields(module.Args)}
+    fixed_set = fixed_names(fixed, arg_names)
+    gives_interval = "eval_interval" in fixed_set
+    tool_args = [] if gives_interval or opts.evals == 0 else ["--eval-interval", str(max(1, budget // opts.evals))]
+    base_argv = ["--env-id", opts.env, "--total-timesteps", str(budget), *tool_args, *fixed]
+    base = load_args(module, base_argv, script, f"the script args after -- ({shlex.join(fixed)})")
+    check_script_args(module, base)  # the env id and the fixed args, with the script's own messages
+
+    sampler = SAMPLERS[script.stem]
+    space, _ = dry_samples(sampler, base, lambda name: True)
+    unknown = sorted(set(opts.params or []) - set(space))
+    if unknown:
+        raise common.BenchmarkError(f"--params {' '.join(unknown)}: not in the search space of {script.stem} "
+                                    f"({', '.join(space)})")
+    only = set(opts.params or space)
+    searched = lambda name: name in only and name not in fixed_set  # noqa: E731
+    if not any(map(searched, space)):
+        raise common.BenchmarkError("nothing to search: every parameter is fixed by the script args after --")
+    for sample in dry_samples(sampler, base, searched)[1][:2]:  # the space's flags are the script's flags
+        load_args(module, [*base_argv, *sample], script, f"flags of its search space ({shlex.join(sample)})")
+
+    study = opts.study or f"{script.stem}-{common.slug(opts.env.replace('/', '-'))}-{steps_text(budget)}"
+    out = (opts.out or common.ROOT / "benchmarks" / "results" / "tune" / common.slug(study)).resolve()
+    storage = opts.storage or f"sqlite:///{out / 'study.db'}"
+    return Setup(script, opts.env, budget, list(dict.fromkeys(opts.seeds)), opts.trials, fixed, tool_args, study,
+                 out, storage, searched, space, opts.pruner, warmup, opts.startup_trials, opts.sampler_seed, base)
+
+
+# ---------------------------------------------------------------------------------------
+# Storage and study
+# ---------------------------------------------------------------------------------------
+def journal_path(storage: str) -> str | None:
+    if storage.startswith("journal:"):
+        return storage[len("journal:"):]
+    if "://" not in storage and storage.endswith(".log"):
+        return storage
+    return None
+
+
+def dashboard_target(storage: str) -> str:
+    """What to give `optuna-dashboard` for this storage."""
+    path = journal_path(storage)
+    return shlex.quote(str(Path(path).resolve())) if path else shlex.quote(storage)
+
+
+def open_storage(storage: str):
+    """A journal file (with its file lock) or an RDB URL (with heartbeats, so a dead worker's trial is failed)."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    path = journal_path(storage)
+    if path is None and "://" not in storage:
+        raise common.BenchmarkError(f"--storage {storage!r}: give an Optuna storage URL (sqlite:///PATH, "
+                                    "postgresql://..., mysql://...) or a journal file (journal:PATH or PATH.log)")
+    try:
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            return optuna.storages.JournalStorage(JournalFileBackend(str(Path(path).resolve())))
+        if storage.startswith("sqlite:///"):
+            Path(storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_SECONDS,
+                                              grace_period=GRACE_SECONDS)
+    except Exception as e:
+        raise common.BenchmarkError(f"--storage {storage!r}: cannot open it ({str(e).splitlines()[0]})") from None
+
+
+def open_study(s: Setup):
+    """Create or load the study; refuse to join one that was started with another config."""
+    import optuna
+
+    study = optuna.create_study(
+        storage=open_storage(s.storage), study_name=s.study, direction="maximize", load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=s.sampler_seed, constant_liar=True),
+        pruner=make_pruner(s.pruner, s.warmup, s.startup_trials))
+    stored = study.user_attrs.get("config")
+    if stored is None:
+        study.set_user_attr("config", s.config)
+    elif stored != s.config:
+        diff = {k: (stored.get(k), v) for k, v in s.config.items() if stored.get(k) != v}
+        raise common.BenchmarkError(f"study {s.study!r} in {s.storage} was started with another config "
+                                    f"(stored, now): {diff}; give this search its own --study")
+    return study
+
+
+def count_finished(study) -> int:
+    return sum(t.state.name in COUNTED for t in study.get_trials(deepcopy=False))
+
+
+# ---------------------------------------------------------------------------------------
+# One trial: the seeds' runs in parallel, their evaluations reported as they appear
+# ---------------------------------------------------------------------------------------
+class TrialFailed(Exception):
+    """A run of the trial exited non-zero or logged no evaluation: the trial is marked FAILED."""
+
+
+class ShortFailure(logging.Filter):
+    """Optuna logs a failed trial with its traceback; a failed run or a Ctrl-C says all in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], (TrialFailed, KeyboardInterrupt)):
+            record.exc_info = None
+        return True
+
+
+class SeedRun:
+    """One seed of one trial: the script's process, its log, its evaluations read back as they appear."""
+
+    def __init__(self, s: Setup, trial_dir: Path, seed: int, sampled: list[str], env: dict):
+        self.seed, self.dir = seed, trial_dir / f"seed{seed}"
+        self.dir.mkdir(parents=True)
+        self.command = [sys.executable, str(s.script), "--env-id", s.env, "--seed", str(seed), "--total-timesteps",
+                        str(s.budget), "--output-dir", str(self.dir / "tb"), *s.tool_args, *sampled, *s.fixed]
+        self.log = open(self.dir / "log.txt", "w")
+        self.proc = subprocess.Popen(self.command, cwd=self.dir, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.reader: common.EvalReader | None = None
+
+    def evals(self) -> dict[int, float]:
+        """{step: eval/return_mean} logged so far (the run directory appears once the script opens its writer)."""
+        if self.reader is None:
+            run_dirs = [d for d in (self.dir / "tb").glob("*") if d.is_dir()]
+            if not run_dirs:
+                return {}
+            self.reader = common.EvalReader(run_dirs[0])
+        return {p["step"]: p["eval_return"] for p in self.reader.read()}
+
+    def failure(self) -> str:
+        tail = (self.dir / "log.txt").read_text(errors="replace").strip().splitlines()[-LOG_TAIL_LINES:]
+        return f"seed {self.seed} exited with code {self.proc.returncode} ({self.dir / 'log.txt'}): " + " | ".join(
+            line.strip() for line in tail)
+
+    def stop(self) -> None:
+        """End the process (terminate, then kill) and wait for it."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+class Objective:
+    """Run one trial: its seeds in parallel, their evaluations reported to Optuna as they appear.
+
+    An evaluation is reported at its slot ``k * eval_interval`` (the multiple of the interval it
+    follows), not at its exact step: the scripts evaluate at the first update past each multiple,
+    so trials with different batch sizes evaluate at different steps, and the median pruner only
+    compares values reported at the same step. The final evaluation is reported at the budget.
+    """
+
+    def __init__(self, s: Setup):
+        self.s = s
+        self.interval = s.base_args.eval_interval  # the same for every trial: no sampler sets it
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The seeds share the cores, unless the user chose otherwise.
+        self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(s.seeds))))
+
+    def slots(self, curve: dict[int, float]) -> dict[int, float]:
+        """{step: eval} -> {slot: eval}. The first evaluation in a slot wins: a second one there can only
+        be the final evaluation (a budget that is not a multiple of the batch), reported at the budget."""
+        slotted: dict[int, float] = {}
+        for step in sorted(curve) if self.interval else []:
+            slotted.setdefault(min(self.s.budget, step // self.interval * self.interval), curve[step])
+        return slotted
+
+    def __call__(self, trial) -> float:
+        s = self.s
+        sampled = SAMPLERS[s.algo](SearchTrial(trial, s.searched), s.base_args)
+        trial.set_user_attr("flags", sampled)
+        trial_dir = s.out / "trials" / str(trial.number)
+        if trial_dir.exists():
+            shutil.rmtree(trial_dir)  # left by an older study of the same name
+        print(f"trial {trial.number}: start: {shlex.join(sampled)}", flush=True)
+        runs: list[SeedRun] = []
+        try:
+            runs = [SeedRun(s, trial_dir, seed, sampled, self.env) for seed in s.seeds]
+            reported: set[int] = set()
+            while True:
+                done = all(r.proc.poll() is not None for r in runs)  # before reading: no eval is missed
+                for r in runs:
+                    if r.proc.poll() not in (None, 0):
+                        self.fail(trial, r.failure())
+                curves = [r.evals() for r in runs]
+                slotted = [self.slots(c) for c in curves]
+                for slot in sorted(set.intersection(*map(set, slotted)) - reported):
+                    self.report(trial, slot, sum(c[slot] for c in slotted) / len(slotted), reported)
+                if done:
+                    value = self.final_value(trial, runs, curves)
+                    if s.budget not in reported:
+                        self.report(trial, s.budget, value, reported)
+                    return value
+                time.sleep(POLL_SECONDS)
+        finally:
+            for r in runs:
+                r.stop()
+
+    def report(self, trial, step: int, value: float, reported: set[int]) -> None:
+        """Report the mean evaluation over seeds at ``step``; raise TrialPruned if the pruner says so."""
+        import optuna
+
+        trial.report(value, step)
+        reported.add(step)
+        print(f"trial {trial.number}: step {step}: eval {value:.2f}", flush=True)
+        if step < self.s.budget and trial.should_prune():
+            trial.set_user_attr("pruned_at_step", step)
+            raise optuna.TrialPruned(f"eval {value:.2f} at step {step}")
+
+    def final_value(self, trial, runs: list[SeedRun], curves: list[dict[int, float]]) -> float:
+        """The objective: each seed's last evaluation (the final one), averaged."""
+        finals = {}
+        for run, curve in zip(runs, curves):
+            if not curve:
+                self.fail(trial, f"seed {run.seed}: no eval/return_mean in {run.dir / 'tb'}")
+            finals[run.seed] = curve[max(curve)]
+        trial.set_user_attr("final_returns", {str(k): v for k, v in finals.items()})
+        value = sum(finals.values()) / len(finals)
+        if not math.isfinite(value):
+            self.fail(trial, f"final evaluation is {value}")
+        return value
+
+    @staticmethod
+    def fail(trial, error: str) -> typing.NoReturn:
+        trial.set_user_attr("error", error)
+        raise TrialFailed(error)
+
+
+# ---------------------------------------------------------------------------------------
+# Outputs: trials table, best 10, best command, plots
+# ---------------------------------------------------------------------------------------
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write through a temporary file and os.replace, so concurrent workers never leave a torn file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp makes it private
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def trial_rows(study) -> tuple[list[str], list[dict]]:
+    trials = study.get_trials(deepcopy=False)
+    params = list(dict.fromkeys(name for t in trials for name in t.params))
+    rows = [{"number": t.number, "state": t.state.name, "value": "" if t.value is None else round(t.value, 4),
+             "duration_s": "" if t.duration is None else round(t.duration.total_seconds(), 1),
+             "last_reported_step": max(t.intermediate_values, default=""),
+             "pruned_at_step": t.user_attrs.get("pruned_at_step", ""), "error": t.user_attrs.get("error", ""),
+             "flags": shlex.join(t.user_attrs.get("flags", [])), **{p: t.params.get(p, "") for p in params}}
+            for t in trials]
+    return ["number", "state", "value", "duration_s", "last_reported_step", "pruned_at_step", "error", "flags",
+            *params], rows
+
+
+def write_table(path: Path, header: list[str], rows: list[dict]) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=header)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    atomic_write(path, write)
+
+
+def best_markdown(s: Setup, rows: list[dict], counts: dict[str, int]) -> str:
+    complete = sorted((r for r in rows if r["state"] == "COMPLETE"), key=lambda r: -r["value"])[:BEST_ROWS]
+    lines = [f"# Study `{s.study}`: {s.algo} on {s.env}, {s.budget:,} steps, seeds {' '.join(map(str, s.seeds))}",
+             "", "Trials: " + ", ".join(f"{n} {state.lower()}" for state, n in counts.items() if n), "",
+             f"Objective: final deterministic evaluation (mean over seeds). Best {len(complete)}:", "",
+             "| rank | trial | value | seconds | flags |", "|---|---|---|---|---|"]
+    lines += [f"| {i} | {r['number']} | {r['value']:.2f} | {r['duration_s']} | `{r['flags']}` |"
+              for i, r in enumerate(complete, 1)]
+    return "\n".join(lines) + "\n"
+
+
+def best_commands(s: Setup, trial) -> str:
+    """The best trial as ready-to-paste command lines: one run of the script, and run.py over seeds."""
+    sampled = trial.user_attrs.get("flags", [])
+    script = os.path.relpath(s.script, common.ROOT)
+    one = shlex.join(["python", script, "--env-id", s.env, "--total-timesteps", str(s.budget), *sampled, *s.fixed])
+    grid = shlex.join(["python", "benchmarks/run.py", "--algo", s.algo, "--env", s.env, "--seeds", "1", "2",
+                       "--budget", steps_text(s.budget), "--tag", f"{s.study}-trial{trial.number}", "--",
+                       *sampled, *s.fixed])
+    return (f"# best trial {trial.number} of study {s.study}: value {trial.value:.2f}\n{one}\n"
+            f"# the same config over 2 seeds with the benchmark runner\n{grid}\n")
+
+
+def save_plot(path: Path, plot: Callable[[], Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = plot()
+    fig = (ax.flat[0] if hasattr(ax, "flat") else ax).figure
+    fig.set_size_inches(10, 6)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    plt.close(fig)
+
+
+def write_plots(s: Setup, study, n_complete: int) -> list[str]:
+    """The optimization history, the intermediate values (learning curves) and, with >= 2 complete
+    trials, the parameter importances. Returns one note per plot that could not be drawn."""
+    import optuna
+    from optuna.visualization import matplotlib as vis
+
+    warnings.simplefilter("ignore")  # "experimental" and empty-legend warnings of the plots
+    notes = []
+    if n_complete:
+        save_plot(s.out / "history.png", lambda: vis.plot_optimization_history(study))
+    else:
+        notes.append("history.png: needs 1 complete trial, the study has none")
+    if any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
+        save_plot(s.out / "intermediate.png", lambda: vis.plot_intermediate_values(study))
+    else:
+        notes.append("intermediate.png: no trial has reported an evaluation yet")
+    if n_complete < 2:
+        notes.append(f"importances.png: needs 2 complete trials, the study has {n_complete}")
+    else:
+        try:
+            save_plot(s.out / "importances.png", lambda: vis.plot_param_importances(study))
+        except Exception as e:  # e.g. no parameter varies between the complete trials
+            notes.append(f"importances.png: not drawn ({str(e).splitlines()[0]})")
+    return notes
+
+
+def write_outputs(s: Setup, study) -> None:
+    header, rows = trial_rows(study)
+    counts = {state: sum(r["state"] == state for r in rows) for state in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")}
+    s.out.mkdir(parents=True, exist_ok=True)
+    write_table(s.out / "trials.csv", header, rows)
+    atomic_write(s.out / "best.md", lambda tmp: tmp.write_text(best_markdown(s, rows, counts)))
+    print(f"\nstudy {s.study}: {len(rows)} trials (" + ", ".join(f"{n} {k.lower()}" for k, n in counts.items()) + ")")
+    if counts["COMPLETE"]:
+        best = study.best_trial
+        commands = best_commands(s, best)
+        atomic_write(s.out / "best_command.txt", lambda tmp: tmp.write_text(commands))
+        print(commands, end="")
+    notes = write_plots(s, study, counts["COMPLETE"])
+    written = ["trials.csv", "best.md", "best_command.txt", "history.png", "intermediate.png", "importances.png"]
+    print(f"written to {s.out}: " + ", ".join(f for f in written if (s.out / f).exists()))
+    for note in notes:
+        print(f"  not written: {note}")
+    print(f"live view: optuna-dashboard {dashboard_target(s.storage)}")
+
+
+# ---------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------
+class FailureLimit:
+    """Optuna callback: stop this worker after FAILURES_IN_A_ROW failed trials in a row. Failed trials
+    do not count toward --trials, so a setup in which every run fails would otherwise never end."""
+
+    def __init__(self):
+        self.in_a_row, self.gave_up, self.last_error = 0, False, ""
+
+    def __call__(self, study, trial) -> None:
+        failed = trial.state.name == "FAIL"
+        self.in_a_row = self.in_a_row + 1 if failed else 0
+        self.last_error = trial.user_attrs.get("error", "") if failed else self.last_error
+        if self.in_a_row >= FAILURES_IN_A_ROW:
+            self.gave_up = True
+            study.stop()
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM as Ctrl-C: the running trial is failed, its processes stopped
+
+
+def main() -> int:
+    s = setup(sys.argv[1:])
+    import optuna
+
+    study = open_study(s)
+    finished = count_finished(study)
+    todo = max(0, s.trials - finished)
+    print(f"study {s.study} in {s.storage}: {finished} of {s.trials} trials finished (complete or pruned), "
+          f"{todo} to go (seeds {' '.join(map(str, s.seeds))}; {s.budget:,} steps each)")
+    print(f"live view: optuna-dashboard {dashboard_target(s.storage)}", flush=True)
+    signal.signal(signal.SIGTERM, interrupt)
+    logging.getLogger("optuna.study._optimize").addFilter(ShortFailure())
+    code = 0
+    failures = FailureLimit()
+    try:
+        if todo:
+            counted = tuple(optuna.trial.TrialState[name] for name in COUNTED)
+            stop_at = optuna.study.MaxTrialsCallback(s.trials, states=counted)  # other workers' trials count too
+            study.optimize(Objective(s), catch=(TrialFailed,), callbacks=[stop_at, failures])
+    except KeyboardInterrupt:
+        print("\ninterrupted: the running trial is marked failed; the same command continues the study", flush=True)
+        code = 130
+    write_outputs(s, study)
+    if failures.gave_up:
+        print(f"stopped: {FAILURES_IN_A_ROW} trials failed in a row; the last one: {failures.last_error}")
+        code = 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(common.exit_on_error(main))

@@ -1,0 +1,195 @@
+"""The Optuna search tool (`benchmarks/tune.py`) through its real command line, with real
+Optuna storages and the real `ppo_discrete.py` on CartPole-v1 at tiny budgets: two workers
+sharing one study, pruning that ends a run early, resuming a killed study, a crashed run
+failing only its trial, bad input as one line, and the files it writes."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from helpers import ROOT, read_scalars, run_cli, single_run_dir
+
+TUNE = ROOT / "benchmarks" / "tune.py"
+BUDGET = 2048
+# Only the learning rate is searched: the script's 16 envs x 16 steps stay, 8 updates per run;
+# evaluations at 1024 and 2048 (--evals 2), 2 episodes each.
+SEARCH = ["--algo", "ppo_discrete", "--env", "CartPole-v1", "--budget", str(BUDGET), "--evals", "2",
+          "--params", "learning_rate"]
+SCRIPT_ARGS = ["--", "--eval-episodes", "2"]
+
+
+def tune(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+    return run_cli(TUNE.name, [str(a) for a in args], script_dir=TUNE.parent, timeout=timeout)
+
+
+def start_tune(*args, log: Path) -> subprocess.Popen:
+    """The tool in the background, its console output (stdout and stderr) in ``log``."""
+    with open(log, "w") as f:
+        return subprocess.Popen([sys.executable, str(TUNE), *map(str, args)], stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def study_trials(storage, name: str) -> list:
+    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+
+
+def states(trials) -> list[str]:
+    return [t.state.name for t in sorted(trials, key=lambda t: t.number)]
+
+
+def processes_under(path: Path) -> list[str]:
+    """Command lines of live processes that name ``path`` (a trial's runs are started with it)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # the process ended while we looked
+            continue
+        if str(path) in text and "pytest" not in text:
+            found.append(text)
+    return found
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_two_workers_share_one_study_and_write_the_outputs(tmp_path):
+    journal = tmp_path / "shared" / "study.log"
+    command = [*SEARCH, "--trials", 3, "--storage", f"journal:{journal}", "--study", "shared", "--out",
+               tmp_path / "out", *SCRIPT_ARGS]
+    logs = [tmp_path / "worker0.txt", tmp_path / "worker1.txt"]
+    workers = [start_tune(*command, log=log) for log in logs]
+    for w, log in zip(workers, logs):
+        assert w.wait(timeout=300) == 0, log.read_text()
+
+    started = [{int(line.split()[1].rstrip(":")) for line in log.read_text().splitlines()
+                if line.startswith("trial ") and ": start:" in line} for log in logs]
+    assert all(started), f"each worker should run trials, got {started}"
+    assert not started[0] & started[1], f"a trial number ran in both workers: {started}"
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    trials = study_trials(storage, "shared")
+    numbers = [t.number for t in trials]
+    assert len(numbers) == len(set(numbers)) and set(numbers) == started[0] | started[1]
+    assert states(trials).count("COMPLETE") >= 3  # the workers overshoot by at most one trial each
+    for t in trials:  # each trial's run wrote its own events, its final evaluation is the objective
+        scalars = read_scalars(single_run_dir(tmp_path / "out" / "trials" / str(t.number) / "seed1" / "tb"))
+        assert scalars["eval/return_mean"][-1] == (BUDGET, pytest.approx(t.value))
+
+    out = tmp_path / "out"
+    rows = read_csv(out / "trials.csv")
+    assert [int(r["number"]) for r in rows] == sorted(numbers)
+    assert [float(r["value"]) for r in rows] == pytest.approx([t.value for t in sorted(trials, key=lambda t: t.number)],
+                                                             abs=1e-3)
+    assert "learning_rate" in rows[0] and all(r["flags"].startswith("--learning-rate ") for r in rows)
+    top = max(t.value for t in trials)
+    best = [t for t in trials if t.value == top]  # ties are likely at this budget
+    commands = (out / "best_command.txt").read_text()
+    assert any(f"--total-timesteps {BUDGET} {' '.join(t.user_attrs['flags'])} --eval-episodes 2" in commands
+               for t in best), commands
+    assert "benchmarks/run.py --algo ppo_discrete" in commands
+    best_md = (out / "best.md").read_text()
+    assert any(f"| 1 | {t.number} | {top:.2f} |" in best_md for t in best), best_md
+    import matplotlib.image
+
+    for png in ("history.png", "intermediate.png", "importances.png"):
+        image = matplotlib.image.imread(out / png)
+        assert image.shape[0] >= 300 and image[..., :3].std() > 0.05, f"{png} looks blank"
+    assert f"optuna-dashboard {journal}" in logs[0].read_text()
+
+
+def test_pruned_trial_ends_its_run_early(tmp_path):
+    budget = 40_000  # far more than the run reaches before its first evaluation is read back
+    proc = tune("--algo", "ppo_discrete", "--env", "CartPole-v1", "--budget", budget, "--evals", 40, "--params",
+                "learning_rate", "--trials", 1, "--out", tmp_path, "--pruner", "threshold:1000", "--warmup", 0,
+                *SCRIPT_ARGS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (trial,) = study_trials(f"sqlite:///{tmp_path / 'study.db'}", "ppo_discrete-CartPole-v1-40k")
+    assert trial.state.name == "PRUNED" and trial.user_attrs["pruned_at_step"] == 1000
+    run = single_run_dir(tmp_path / "trials" / "0" / "seed1" / "tb")
+    last_step = max(step for points in read_scalars(run).values() for step, _ in points)
+    assert 1000 <= last_step < budget // 2, f"the pruned run went on to step {last_step}"
+    assert not processes_under(tmp_path / "trials"), "the pruned run's process is still alive"
+    assert read_csv(tmp_path / "trials.csv")[0]["state"] == "PRUNED"
+    assert "not written: history.png" in proc.stdout  # no complete trial yet: said, not a crash
+
+
+def test_killed_study_resumes(tmp_path):
+    command = [*SEARCH, "--trials", 2, "--out", tmp_path, *SCRIPT_ARGS]
+    storage, name = f"sqlite:///{tmp_path / 'study.db'}", "ppo_discrete-CartPole-v1-2048"
+    log = tmp_path / "first.txt"
+    first = start_tune(*command, log=log)
+    try:  # kill it while trial 1 runs, after trial 0 has finished
+        wait_for(lambda: "trial 1: start" in log.read_text(), 240, "trial 1 to start")
+        time.sleep(1)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)
+    assert first.returncode == 130 and "interrupted" in log.read_text(), log.read_text()
+    assert states(study_trials(storage, name)) == ["COMPLETE", "FAIL"]
+    assert not processes_under(tmp_path / "trials"), "the interrupted trial's run is still alive"
+    value0 = study_trials(storage, name)[0].value
+
+    proc = tune(*command)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 of 2 trials finished (complete or pruned), 1 to go" in proc.stdout
+    trials = sorted(study_trials(storage, name), key=lambda t: t.number)
+    assert states(trials) == ["COMPLETE", "FAIL", "COMPLETE"] and trials[0].value == value0
+    assert [r["state"] for r in read_csv(tmp_path / "trials.csv")] == ["COMPLETE", "FAIL", "COMPLETE"]
+
+    proc = tune(*command)  # done: nothing runs, the outputs are written again
+    assert proc.returncode == 0 and "2 of 2 trials finished (complete or pruned), 0 to go" in proc.stdout
+    assert len(study_trials(storage, name)) == 3
+
+    other = [*command[:-1], "1"]  # --eval-episodes 1: another config under the same (default) study name
+    proc = tune(*other)
+    assert proc.returncode == 1 and "was started with another config" in proc.stderr and "Traceback" not in proc.stderr
+    assert "give this search its own --study" in proc.stderr and len(study_trials(storage, name)) == 3
+
+
+def test_crashed_run_fails_its_trial_and_the_study_goes_on(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=storage, study_name="crash", direction="maximize")
+    study.enqueue_trial({"num_steps": 512})  # 16 envs x 512 steps: one batch is more than the budget, exit 1
+    study.enqueue_trial({"num_steps": 16})
+    proc = tune("--algo", "ppo_discrete", "--env", "CartPole-v1", "--budget", BUDGET, "--evals", 2, "--params",
+                "num_steps", "--trials", 1, "--storage", storage, "--study", "crash", "--out", tmp_path, *SCRIPT_ARGS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    failed, complete = sorted(study_trials(storage, "crash"), key=lambda t: t.number)
+    assert (failed.state.name, failed.params) == ("FAIL", {"num_steps": 512})
+    assert "exited with code 1" in failed.user_attrs["error"] and "less than one batch" in failed.user_attrs["error"]
+    assert (complete.state.name, complete.params) == ("COMPLETE", {"num_steps": 16}) and complete.value > 0
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--algo", "ppo_nothing", "--env", "CartPole-v1"], "--algo 'ppo_nothing': no script at"),
+    (["--algo", "ppo_discrete", "--env", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+    (["--algo", "ppo_discrete", "--env", "CartPole-v1", "--params", "learning_rat"],
+     "--params learning_rat: not in the search space of ppo_discrete (learning_rate, "),
+    (["--algo", "ppo_discrete", "--env", "CartPole-v1", "--pruner", "median:3"], "--pruner 'median:3': use"),
+    (["--algo", "ppo_discrete", "--env", "CartPole-v1", "--storage", "study.db"], "--storage 'study.db': give"),
+])
+def test_bad_input_is_one_line(tmp_path, args, message):
+    proc = tune(*args, "--budget", BUDGET, "--trials", 1, "--out", tmp_path / "out")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("error: ") and message in lines[0]
+    assert not (tmp_path / "out").exists(), "nothing may start before the input is checked"
