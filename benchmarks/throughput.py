@@ -41,6 +41,7 @@ WARMUP_STEPS = 20  # vector steps before the timed ones
 
 def random_action_sps(module, args, steps: int) -> float:
     """Env steps per second of the script's own vector env driven by random actions."""
+    module.choose_gl_backend(args.capture_video)  # as train() does, before the envs import mujoco
     envs = module.make_vector_env(args, args.num_envs, args.seed)
     try:
         envs.reset(seed=args.seed)

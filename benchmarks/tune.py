@@ -281,15 +281,24 @@ def load_args(module, argv: list[str], script: Path, what: str):
 
 
 def check_script_args(module, args) -> None:
-    """The script's own argument and env checks (its `check_args`), as one line on failure."""
+    """The script's own argument and env checks (its `check_args`), as one line on failure.
+
+    The scripts choose MuJoCo's GL backend first (`choose_gl_backend` sets MUJOCO_GL for this
+    process); the trials' own processes must choose theirs, so the variable is put back after.
+    """
+    saved = os.environ.get("MUJOCO_GL")
     try:
-        module.check_args(args)
+        module.check_args(args, module.choose_gl_backend(args.capture_video))
     except Exception as e:
         if type(e).__name__ == "ConfigError":  # the script's own message
             raise common.BenchmarkError(str(e)) from None
         first = (str(e).splitlines() or [""])[0]
         raise common.BenchmarkError(f"{module.__name__}.py failed to check its args and env {args.env_id!r}: "
                                     f"{type(e).__name__}: {first}") from None
+    finally:
+        os.environ.pop("MUJOCO_GL", None)
+        if saved is not None:
+            os.environ["MUJOCO_GL"] = saved
 
 
 def fixed_names(fixed: list[str], arg_names: set[str]) -> set[str]:
