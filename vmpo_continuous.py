@@ -130,6 +130,15 @@ class Args:
     """initial alpha_mu and alpha_sigma (KL Lagrange multipliers)"""
     alpha_lr: float = 1e-2
     """learning rate of alpha_mu and alpha_sigma (one step per M-step)"""
+    m_step: Literal["seed", "push", "clip"] = "seed"
+    """policy loss of the M-step. seed: the paper's weighted maximum likelihood of the top-k samples, which only
+    pulls the policy toward good actions. push (a departure from the paper): the same plus a bounded push away from
+    the bottom-k samples, weighted by the mirror E-step psi^- ~ exp(-A/eta), that stops once a sample's likelihood
+    ratio is below 1 - m_step_clip. clip (a departure): the push, and the pull also stops once a top-k sample's
+    ratio is above 1 + m_step_clip (PPO's two-sided clip on the E-step's weights). Pull-only updates settle in a
+    do-nothing optimum on cartpole (benchmarks/README.md); the KL trust regions apply to every variant"""
+    m_step_clip: float = 0.2
+    """epsilon of the likelihood-ratio bounds of --m-step push and clip"""
     importance_weights: bool = False
     """multiply the E-step weights by min(1, pi(a|s) / pi_behaviour(a|s)); kept from the seed for lagged
     (asynchronous) data: here every batch is collected by the current parameters, so the ratio is 1"""
@@ -145,6 +154,9 @@ class Args:
     """lower clamp of the pre-tanh log standard deviation"""
     log_std_max: float = 2.0
     """upper clamp of the pre-tanh log standard deviation"""
+    init_log_std: Optional[float] = None
+    """initial pre-tanh log standard deviation: the state-independent parameter of --ppo-like-backbone (0 when None),
+    or the bias of the log-std head (PyTorch's random init when None)"""
     torch_threads: int = 1
     """CPU threads of the full-batch update (0 = torch's default); rollout inference always uses 1.
     On the shared 2-core machines 1 was 4x faster than 2 (thread contention)"""
@@ -404,9 +416,12 @@ class Agent(nn.Module):
         feat = args.policy_hidden_sizes[-1] if args.policy_hidden_sizes else obs_dim
         self.policy_mean = layer_init(nn.Linear(feat, act_dim), std=0.01) if self.ppo_like else nn.Linear(feat, act_dim)
         if self.ppo_like:
-            self.policy_log_std = nn.Parameter(torch.zeros(act_dim))  # state-independent
+            init = 0.0 if args.init_log_std is None else args.init_log_std
+            self.policy_log_std = nn.Parameter(torch.full((act_dim,), init))  # state-independent
         else:
             self.policy_log_std = nn.Linear(feat, act_dim)  # state-dependent head
+            if args.init_log_std is not None:
+                nn.init.constant_(self.policy_log_std.bias, args.init_log_std)
         if self.shared_encoder:
             self.value_encoder, value_feat = None, feat
         else:
@@ -604,6 +619,39 @@ def alpha_loss_fn(alpha_mu: torch.Tensor, alpha_sigma: torch.Tensor, kl_mu: torc
     return alpha_mu * (epsilon_mu - kl_mu.detach()) + alpha_sigma * (epsilon_sigma - kl_sigma.detach())
 
 
+def weighted_nll(weights: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
+    """The paper's M-step policy loss (--m-step seed): weighted maximum likelihood, a pull toward the top-k samples."""
+    # LaTeX: \mathcal{L}^{NLL}_\pi = -\sum_t \psi_t \log \pi_\theta(a_t \mid s_t)
+    return -(weights * log_prob).sum()
+
+
+def clipped_pull_loss(weights: torch.Tensor, log_ratio: torch.Tensor, clip: float) -> torch.Tensor:
+    """--m-step clip: the weighted likelihood of a top-k sample stops rising once its ratio is above 1 + clip."""
+    # LaTeX: \mathcal{L}^{pull}_\pi = -\sum_t \psi_t \min\left(\log \frac{\pi_\theta(a_t \mid s_t)}{\pi_{old}(a_t \mid s_t)}, \log(1 + \epsilon_{clip})\right)
+    return -(weights * torch.clamp(log_ratio, max=math.log1p(clip))).sum()
+
+
+def push_loss(push_weights: torch.Tensor, log_ratio: torch.Tensor, clip: float) -> torch.Tensor:
+    """--m-step push and clip: lower the likelihood of the bottom-k samples until their ratio is below 1 - clip.
+
+    Without the bound the push is unbounded (the likelihood of an action can fall without limit)."""
+    # LaTeX: \mathcal{L}^{push}_\pi = \sum_t \psi^-_t \max\left(\log \frac{\pi_\theta(a_t \mid s_t)}{\pi_{old}(a_t \mid s_t)}, \log(1 - \epsilon_{clip})\right)
+    return (push_weights * torch.clamp(log_ratio, min=math.log1p(-clip))).sum()
+
+
+def m_step_policy_loss(m_step: str, weights: torch.Tensor, push_weights: Optional[torch.Tensor], log_prob: torch.Tensor,
+                       log_ratio: torch.Tensor, clip: float) -> torch.Tensor:
+    """The likelihood part of the M-step's policy loss for each --m-step variant (the KL terms come on top)."""
+    if m_step == "seed":
+        # LaTeX: \mathcal{L}^{lik}_\pi = \mathcal{L}^{NLL}_\pi
+        return weighted_nll(weights, log_prob)
+    if m_step == "push":
+        # LaTeX: \mathcal{L}^{lik}_\pi = \mathcal{L}^{NLL}_\pi + \mathcal{L}^{push}_\pi
+        return weighted_nll(weights, log_prob) + push_loss(push_weights, log_ratio, clip)
+    # LaTeX: \mathcal{L}^{lik}_\pi = \mathcal{L}^{pull}_\pi + \mathcal{L}^{push}_\pi
+    return clipped_pull_loss(weights, log_ratio, clip) + push_loss(push_weights, log_ratio, clip)
+
+
 def build_optimizer(params, lr: float, args: Args) -> torch.optim.Optimizer:
     if args.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, eps=1e-5)
@@ -647,14 +695,25 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     estep["dual_loss"].backward()
     optimizers["temperature"].step()
     weights, selected = estep["weights"], estep["selected_weights"]
+    push_weights = None
+    if args.m_step != "seed":
+        # The mirror E-step: the same temperature and k on the negated advantages gives weights
+        # proportional to exp(-s_t) over the bottom k samples (its dual loss is not used).
+        # LaTeX: \psi^-_t = \frac{\bar{w}^-_t \exp(-s_t)}{\sum_{t'} \bar{w}^-_{t'} \exp(-s_{t'})}, \quad \bar{w}^-_t = w^{restart}_t \mathbf{1}[t \in \operatorname{BottomK}(s, k)]
+        push_weights = e_step(-advantages, restarting, importance, duals.temperature().detach(), args.topk_fraction,
+                              args.epsilon_eta)["weights"]
+    # The squash Jacobian cancels in the ratio, so the pre-tanh Gaussians are enough.
+    old_log_prob = gaussian_log_prob(old_means, old_log_stds, u)
     all_params = list(agent.parameters())
 
     # ---- M-step: weighted maximum likelihood under decoupled KL trust regions, plus the value fit.
     for _ in range(args.m_steps):
         mean, log_std, values = agent(obs)
-        log_prob = gaussian_log_prob(mean, log_std, u) - log_det
-        # LaTeX: \mathcal{L}^{NLL}_\pi = -\sum_t \psi_t \log \pi_\theta(a_t \mid s_t)
-        weighted_nll = -(weights * log_prob).sum()
+        gaussian_lp = gaussian_log_prob(mean, log_std, u)
+        log_prob = gaussian_lp - log_det
+        # LaTeX: \log \frac{\pi_\theta(a_t \mid s_t)}{\pi_{old}(a_t \mid s_t)} = \log \mathcal{N}(u_t \mid \mu_\theta, \sigma_\theta) - \log \mathcal{N}(u_t \mid \mu_{old}, \sigma_{old})
+        log_ratio = gaussian_lp - old_log_prob
+        likelihood_loss = m_step_policy_loss(args.m_step, weights, push_weights, log_prob, log_ratio, args.m_step_clip)
         kl_mu_t, kl_sigma_t = decoupled_kl(mean, log_std, old_means, old_log_stds)
         # LaTeX: D_\mu = \frac{1}{N_{sel}} \sum_{t \in \mathcal{S}} D_\mu(s_t), \quad D_\sigma = \frac{1}{N_{sel}} \sum_{t \in \mathcal{S}} D_\sigma(s_t)
         kl_mu, kl_sigma = masked_mean(kl_mu_t, selected), masked_mean(kl_sigma_t, selected)
@@ -667,8 +726,8 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         with torch.no_grad():
             alpha_mu, alpha_sigma = duals.alphas()  # the just-updated multipliers, held constant below
 
-        # LaTeX: \mathcal{L}_\pi = \mathcal{L}^{NLL}_\pi + \operatorname{sg}[\alpha_\mu] D_\mu + \operatorname{sg}[\alpha_\sigma] D_\sigma
-        policy_loss = weighted_nll + alpha_mu * kl_mu + alpha_sigma * kl_sigma
+        # LaTeX: \mathcal{L}_\pi = \mathcal{L}^{lik}_\pi + \operatorname{sg}[\alpha_\mu] D_\mu + \operatorname{sg}[\alpha_\sigma] D_\sigma
+        policy_loss = likelihood_loss + alpha_mu * kl_mu + alpha_sigma * kl_sigma
         # LaTeX: \mathcal{L}_V = \frac{1}{2} \cdot \frac{1}{N_{valid}} \sum_{t : w^{restart}_t = 1} \left(V_\phi(s_t) - R_t\right)^2
         value_loss = 0.5 * masked_mean((values - returns) ** 2, restarting)
         # LaTeX: \mathcal{L} = \mathcal{L}_\pi + \mathcal{L}_V
@@ -689,7 +748,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         a_valid = advantages[valid]
         stats = {
             "loss/total": total_loss, "loss/value": value_loss, "loss/policy": policy_loss,
-            "loss/policy_weighted_nll": weighted_nll, "loss/policy_kl_mean_pen": alpha_mu * kl_mu,
+            "loss/policy_weighted_nll": weighted_nll(weights, log_prob), "loss/policy_likelihood": likelihood_loss, "loss/policy_kl_mean_pen": alpha_mu * kl_mu,
             "loss/policy_kl_std_pen": alpha_sigma * kl_sigma, "loss/alpha": alpha_loss,
             "kl/mean": masked_mean(kl_mu_t, restarting), "kl/std": masked_mean(kl_sigma_t, restarting),
             "kl/mean_sel": kl_mu, "kl/std_sel": kl_sigma,
@@ -701,6 +760,8 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
             "vmpo/ess": 1.0 / (w**2).sum(), "vmpo/log_mean_weights": estep["log_mean_weights"],
             "vmpo/restarting_frac": 1.0 - valid.float().mean(), "vmpo/importance_mean": importance[valid].mean(),
             "vmpo/grad_norm": grad_norm,
+            # Fraction of the valid samples whose likelihood moved by more than the clip (either way).
+            "vmpo/ratio_outside_clip_frac": masked_mean((log_ratio.abs() > math.log1p(args.m_step_clip)).float(), restarting),
             "train/entropy": masked_mean(gaussian_entropy(log_std), selected),
             "train/param_delta": param_delta,
             "train/mean_abs_action": agent.squash(mean_after)[valid].abs().mean(),
@@ -821,6 +882,8 @@ def check_args(args: Args, gl_backend: Optional[str]) -> None:
                  "value_lr", "temperature_lr", "alpha_lr", "max_grad_norm"):
         if not getattr(args, name) > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if not 0.0 < args.m_step_clip < 1.0:
+        raise ConfigError(f"--m-step-clip must be in (0, 1), got {args.m_step_clip}")
     if not 0.0 <= args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0:
         raise ConfigError(f"--gamma and --gae-lambda must be in [0, 1], got {args.gamma} and {args.gae_lambda}")
     if args.torch_threads < 0:

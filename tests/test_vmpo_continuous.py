@@ -138,6 +138,49 @@ def test_temperature_gradient_matches_numpy_dual():
 
 
 # ---------------------------------------------------------------------------------
+# M-step likelihood losses against a per-sample loop
+# ---------------------------------------------------------------------------------
+
+
+def loop_likelihood_loss(m_step, psi, psi_minus, log_prob, log_ratio, clip):
+    """The --m-step variants' formulas, one sample at a time in python floats."""
+    total = 0.0
+    for t in range(len(psi)):
+        if m_step == "clip":
+            total -= psi[t] * min(log_ratio[t], math.log(1.0 + clip))
+        else:
+            total -= psi[t] * log_prob[t]
+        if m_step in ("push", "clip"):
+            total += psi_minus[t] * max(log_ratio[t], math.log(1.0 - clip))
+    return total
+
+
+@pytest.mark.parametrize("m_step", ["seed", "push", "clip"])
+def test_m_step_likelihood_loss_matches_loop_and_stops_at_the_clip(m_step):
+    rng = np.random.default_rng(8)
+    n, clip = 300, 0.2
+    adv = rng.normal(size=n)
+    restart = (rng.random(n) > 0.1).astype(np.float64)
+    ones = torch.ones(n, dtype=torch.float64)
+    psi = V.e_step(torch.tensor(adv), torch.tensor(restart), ones, torch.tensor(0.7, dtype=torch.float64), 0.5, 0.1)["weights"]
+    psi_minus = V.e_step(torch.tensor(-adv), torch.tensor(restart), ones, torch.tensor(0.7, dtype=torch.float64), 0.5, 0.1)["weights"]
+    # The mirror weights are the numpy transcription's on the negated advantages: exp(-s) over the bottom k.
+    np.testing.assert_allclose(psi_minus.numpy(), numpy_e_step(-adv, restart, np.ones(n), 0.7, 0.5, 0.1)[0], rtol=1e-10, atol=1e-14)
+    assert float(psi_minus[np.argmin(np.where(restart > 0, adv, np.inf))]) == float(psi_minus.max())
+    log_old = torch.tensor(rng.normal(size=n) - 1.0)
+    log_ratio = torch.tensor(rng.normal(scale=0.4, size=n), requires_grad=True)  # many samples beyond 1 +- clip
+    log_prob = log_old + log_ratio
+    loss = V.m_step_policy_loss(m_step, psi, psi_minus, log_prob, log_ratio, clip)
+    expected = loop_likelihood_loss(m_step, psi.tolist(), psi_minus.tolist(), log_prob.tolist(), log_ratio.tolist(), clip)
+    np.testing.assert_allclose(float(loss.detach()), expected, rtol=1e-12)
+    loss.backward()
+    grad, lr = log_ratio.grad.numpy(), log_ratio.detach().numpy()
+    pull = -psi.numpy() if m_step != "clip" else np.where(lr < math.log(1 + clip), -psi.numpy(), 0.0)
+    push = np.where(lr > math.log(1 - clip), psi_minus.numpy(), 0.0) if m_step != "seed" else 0.0
+    np.testing.assert_allclose(grad, pull + push, rtol=1e-12, atol=1e-15)
+
+
+# ---------------------------------------------------------------------------------
 # Dual variables move the right way inside a real update
 # ---------------------------------------------------------------------------------
 
@@ -180,11 +223,12 @@ def test_temperature_follows_its_dual_gradient(temperature_init):
     assert grad != 0 and np.sign(after[0] - before[0]) == -np.sign(grad)
 
 
-def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit():
+@pytest.mark.parametrize("m_step", ["seed", "push", "clip"])
+def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_step):
     """E-step and M-step together: with advantages -(u - u*(s))^2 of a known per-state optimum,
     a few on-policy updates with the default hyperparameters bring the Gaussian mean to u*(s)."""
     torch.manual_seed(0)
-    args = V.Args()
+    args = V.Args(m_step=m_step)
     agent = V.Agent(5, 1, np.array([-1.0]), np.array([1.0]), args)
     duals = V.DualVariables(args.temperature_init, args.alpha_init)
     optimizers = V.build_optimizers(agent, duals, args)
