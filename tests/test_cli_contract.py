@@ -8,6 +8,7 @@ machine without any GL library still trains, and says what to install when asked
 from __future__ import annotations
 
 import importlib
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -251,3 +252,71 @@ def test_ctrl_c_keeps_the_last_trained_step_and_resume_repeats_nothing(name, tmp
     resumed = train(name, *tiny_cli(name, "--total-timesteps", str(saved + 2 * BATCH), "--eval-interval", "0",
                                     "--resume", str(last), "--output-dir", str(tmp_path / "resumed")))
     assert [step for step, _ in read_scalars(resumed["run_dir"])["charts/SPS"]] == [saved + BATCH, saved + 2 * BATCH]
+
+
+# ---------------------------------------------------------------------------------
+# Copy one file, determinism, documented Args, wandb offline, bad input on the CLI
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_copied_alone_into_an_empty_dir_runs_from_its_cli(name, tmp_path):
+    """No other project file, no repository on the path: a dm_control task for the continuous scripts."""
+    shutil.copy(ROOT / f"{name}.py", tmp_path / f"{name}.py")
+    env = "CartPole-v1" if name == "ppo_discrete" else "dm_control/cartpole/balance"
+    proc = run_cli(f"{name}.py", tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0", env=env),
+                   cwd=tmp_path, script_dir=tmp_path, env={"PYTHONPATH": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (single_run_dir(tmp_path / "runs") / f"{name}_last.pt").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{name}.py", "runs"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_same_seed_same_numbers_and_another_seed_differs(name, tmp_path):
+    def run(seed: int, sub: str):
+        result = train(name, *tiny_cli(name, "--seed", str(seed), "--total-timesteps", str(4 * BATCH),
+                                       "--eval-interval", "0", "--output-dir", str(tmp_path / sub)))
+        scalars = read_scalars(result["run_dir"])
+        weights = torch.load(Path(result["run_dir"]) / f"{name}_last.pt", weights_only=True)["agent"]
+        return result["final_eval_return"], scalars, weights
+
+    (eval_a, scalars_a, weights_a), (eval_b, scalars_b, weights_b) = run(3, "a"), run(3, "b")
+    assert eval_a == eval_b
+    for tag in ("losses/policy_loss", "losses/value_loss", "charts/episodic_return"):
+        assert scalars_a[tag] == scalars_b[tag], tag
+    assert all(torch.equal(weights_a[key], weights_b[key]) for key in weights_a)
+    _, scalars_c, _ = run(4, "c")
+    assert scalars_c["losses/value_loss"] != scalars_a["losses/value_loss"]  # and the seed matters
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_args_field_has_a_docstring(name):
+    import ast
+    import dataclasses
+    import inspect
+
+    module = importlib.import_module(name)
+    body = ast.parse(inspect.getsource(module.Args)).body[0].body
+    fields = [node.target.id for node in body if isinstance(node, ast.AnnAssign)]
+    assert fields == [f.name for f in dataclasses.fields(module.Args)]
+    for i, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign):
+            doc = body[i + 1] if i + 1 < len(body) else None
+            assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), f"{node.target.id} has no help"
+            assert len(doc.value.value.strip()) > 10, f"{node.target.id}: help too short"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_track_writes_an_offline_wandb_run(name, tmp_path):
+    proc = run_cli(f"{name}.py", tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0", "--track",
+                                          "--output-dir", str(tmp_path)), env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list((single_run_dir(tmp_path) / "wandb").glob("offline-run-*/*.wandb")), "no offline wandb run"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_env_of_the_wrong_action_space_on_the_cli_is_one_line_naming_the_right_script(name, tmp_path):
+    env, right = ("Pendulum-v1", "ppo_continuous.py") if name == "ppo_discrete" else ("CartPole-v1", "ppo_discrete.py")
+    line = one_error_line(run_cli(f"{name}.py", ["--env-id", env, "--output-dir", str(tmp_path / "runs")]))
+    assert env in line and right in line
+    assert not (tmp_path / "runs").exists()
