@@ -127,7 +127,7 @@ class ConfigError(ValueError):
     """Bad input, reported as one line before any heavy work."""
 
 
-class NonFiniteLossError(RuntimeError):
+class TrainingDiverged(RuntimeError):
     """A loss became NaN or inf; the run stops without overwriting the last good checkpoint."""
 
 
@@ -377,7 +377,7 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
     return nn.Sequential(*layers, layer_init(nn.Linear(last, out_dim), std=out_std))
 
 
-def gaussian_log_prob(action: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
     """Log-density of a diagonal Gaussian, summed over action dimensions."""
     # LaTeX: \log \pi_\theta(a_t \mid s_t) = -\sum_{j} \left( \frac{(a_{t,j} - \mu_{t,j})^2}{2 \sigma_j^2} + \log \sigma_j + \frac{1}{2} \log 2\pi \right)
     return -(((action - mean) * torch.exp(-log_std)).pow(2).mul(0.5) + log_std + 0.5 * LOG_2PI).sum(-1)
@@ -450,20 +450,21 @@ class RolloutPolicy:
 # Advantages and targets
 # ---------------------------------------------------------------------------------------------
 
-def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminations: torch.Tensor,
-                dones: torch.Tensor, gamma: float, gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminated: torch.Tensor,
+                truncated: torch.Tensor, gamma: float, gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over a (T, N) rollout; `next_values[t]` is V of the real successor of step t.
 
     The successor is the final observation where an episode ended (so truncation bootstraps
     from it); a terminated successor is worth 0 and no advantage flows across an episode end.
     """
-    # LaTeX: \delta_t = r_t + \gamma (1 - \mathrm{term}_t) V(s_{t+1}) - V(s_t)
-    deltas = rewards + gamma * (1.0 - terminations) * next_values - values
+    not_done = 1.0 - torch.maximum(terminated, truncated)
+    # LaTeX: \delta_t = r_t + \gamma (1 - \mathrm{terminated}_t) V(s_{t+1}) - V(s_t)
+    deltas = rewards + gamma * (1.0 - terminated) * next_values - values
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
         # LaTeX: \hat{A}_t = \delta_t + \gamma \lambda (1 - \mathrm{done}_t) \hat{A}_{t+1}
-        last = deltas[t] + gamma * gae_lambda * (1.0 - dones[t]) * last
+        last = deltas[t] + gamma * gae_lambda * not_done[t] * last
         advantages[t] = last
     # LaTeX: \hat{R}_t = \hat{A}_t + V(s_t)
     returns = advantages + values
@@ -543,7 +544,7 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
         shuffled = packed[torch.randperm(packed.shape[0], device=packed.device)]
         for minibatch in shuffled.split(minibatch_size):
             obs, actions, old_logprob, advantages, returns, old_values = minibatch.split(widths, dim=1)
-            new_logprob = gaussian_log_prob(actions, agent.actor_mean(obs), agent.actor_logstd).unsqueeze(1)
+            new_logprob = gaussian_log_prob(agent.actor_mean(obs), agent.actor_logstd, actions).unsqueeze(1)
             # LaTeX: \log \rho_t = \log \pi_\theta(a_t \mid s_t) - \log \pi_{\theta_\mathrm{old}}(a_t \mid s_t)
             logratio = new_logprob - old_logprob
             # LaTeX: \rho_t = \exp(\log \rho_t)
@@ -829,7 +830,7 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
     # Rollout storage in numpy (the env speaks numpy); one conversion to torch per iteration.
     obs_buf = np.zeros((T, N, int(np.prod(envs.single_observation_space.shape))), np.float32)
     actions_buf = np.zeros((T, N, int(np.prod(envs.single_action_space.shape))), np.float32)
-    logprobs, rewards, values, next_values, terminations, dones = (np.zeros((T, N), np.float32) for _ in range(6))
+    logprobs, rewards, values, next_values, terminations, truncations = (np.zeros((T, N), np.float32) for _ in range(6))
     low, high = envs.single_action_space.low, envs.single_action_space.high
     discounted_return = np.zeros(N)  # of the current episodes, for reward scaling
     recent_returns, last_eval = deque(maxlen=20), None
@@ -837,7 +838,7 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
 
     def save(path: Path, iteration: int) -> None:
         if not all(torch.isfinite(p).all() for p in agent.parameters()):
-            raise NonFiniteLossError(f"non-finite weights at global step {global_step}")
+            raise TrainingDiverged(f"non-finite weights at global step {global_step}")
         save_checkpoint(path, agent, optimizer, envs, reward_rms, args, global_step, iteration, best_eval_return)
 
     # Resuming: the new episodes' first observations must not move the restored statistics.
@@ -865,7 +866,7 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
                     reward_rms.update(discounted_return)
                     reward = reward / np.sqrt(reward_rms.var + 1e-8)
                     discounted_return[done] = 0.0
-                rewards[step], terminations[step], dones[step] = reward, terminated, done
+                rewards[step], terminations[step], truncations[step] = reward, terminated, truncated
                 if done.any():
                     # V of the real final observation: the bootstrap of a truncated step.
                     next_values[step] = np.where(done, policy.value(infos["final_obs"]), 0.0)
@@ -874,10 +875,10 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
                     episode_lengths.extend(infos["final_info"]["episode"]["l"][finished].tolist())
             # V(s_{t+1}) is the next stored value unless the episode ended at t (then V of its final obs).
             following = np.concatenate([values[1:], policy.value(next_obs)[None]])
-            successor_values = np.where(dones > 0, next_values, following)
+            successor_values = np.where((terminations > 0) | (truncations > 0), next_values, following)
             to_torch = lambda x: torch.from_numpy(x).to(device)
             advantages, returns = compute_gae(to_torch(rewards), to_torch(values), to_torch(successor_values),
-                                              to_torch(terminations), to_torch(dones), args.gamma, args.gae_lambda)
+                                              to_torch(terminations), to_torch(truncations), args.gamma, args.gae_lambda)
             batch = {"obs": to_torch(obs_buf).reshape(batch_size, -1),
                      "actions": to_torch(actions_buf).reshape(batch_size, -1), "logprobs": to_torch(logprobs).reshape(-1),
                      "advantages": advantages.reshape(-1), "returns": returns.reshape(-1),
@@ -885,7 +886,7 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
             try:
                 stats = ppo_update(agent, optimizer, batch, args)
             except FloatingPointError as e:
-                raise NonFiniteLossError(f"{e} at global step {global_step}") from None
+                raise TrainingDiverged(f"{e} at global step {global_step}") from None
             policy.sync(agent)
             save(last_path, iteration)  # before logging: Ctrl-C from here on keeps this update
             saved_iteration = iteration
@@ -916,8 +917,8 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
             print(f"step {global_step}/{args.total_timesteps} ({100 * global_step / args.total_timesteps:.1f}%) | "
                   f"SPS {sps:.0f} | ETA {format_duration((args.total_timesteps - global_step) / max(sps, 1e-8))} | "
                   f"return {ret}{ev}", flush=True)
-    except NonFiniteLossError as e:
-        raise NonFiniteLossError(f"{e}; stopped. Last good checkpoint: {last_path}") from None
+    except TrainingDiverged as e:
+        raise TrainingDiverged(f"{e}; stopped. Last good checkpoint: {last_path}") from None
     except KeyboardInterrupt:
         # _last already holds the state of the last completed iteration (an interrupted update is dropped).
         print(f"\ninterrupted; the last checkpoint, at step {saved_iteration * batch_size} (the last trained step), is "
@@ -939,7 +940,7 @@ def run_training(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, env
 if __name__ == "__main__":
     try:
         train(tyro.cli(Args))
-    except (ConfigError, NonFiniteLossError) as e:
+    except (ConfigError, TrainingDiverged) as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         sys.exit(130)

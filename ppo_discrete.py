@@ -409,8 +409,8 @@ def make_optimizer(agent: Agent, args: Args) -> torch.optim.Optimizer:
     return torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
 
-class NonFiniteLoss(FloatingPointError):
-    pass
+class TrainingDiverged(RuntimeError):
+    """A loss became NaN or inf; the run stops and keeps its last good checkpoint."""
 
 
 def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
@@ -441,7 +441,7 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
             # LaTeX: L = L^{CLIP} - c_H \mathcal{H}[\pi_\theta] + c_V L^{V}
             loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
             if not torch.isfinite(loss):
-                raise NonFiniteLoss(f"non-finite loss ({loss.item()})")
+                raise TrainingDiverged(f"non-finite loss ({loss.item()})")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             # LaTeX: g \leftarrow g \cdot \min\left(1, \frac{c_{max}}{\lVert g \rVert_2}\right)
@@ -837,8 +837,8 @@ def _train_loop(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, obs_
             # ---- update --------------------------------------------------------------
             try:
                 stats = ppo_update(agent, optimizer, batch, args)
-            except NonFiniteLoss as e:
-                raise NonFiniteLoss(f"{e} at global step {global_step}; stopped. Last good checkpoint: {last_path} "
+            except TrainingDiverged as e:
+                raise TrainingDiverged(f"{e} at global step {global_step}; stopped. Last good checkpoint: {last_path} "
                                     f"(step {done_step})") from None
             train_time += time.time() - tick
             trained_steps += batch_size
@@ -876,7 +876,7 @@ if __name__ == "__main__":
         summary = train(tyro.cli(Args))
     except ConfigError as e:
         sys.exit(f"error: {e}")
-    except NonFiniteLoss as e:
+    except TrainingDiverged as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         sys.exit(130)

@@ -45,7 +45,7 @@ def test_gaussian_log_prob_and_entropy_match_torch_distributions():
     mean, log_std = torch.randn(7, 3), torch.randn(3) * 0.5
     action = mean + torch.randn(7, 3) * 2.0
     reference = torch.distributions.Normal(mean, log_std.exp().expand_as(mean))
-    torch.testing.assert_close(pc.gaussian_log_prob(action, mean, log_std), reference.log_prob(action).sum(-1))
+    torch.testing.assert_close(pc.gaussian_log_prob(mean, log_std, action), reference.log_prob(action).sum(-1))
     torch.testing.assert_close(pc.gaussian_entropy(log_std), reference.entropy().sum(-1)[0])
 
 
@@ -95,14 +95,14 @@ def test_gae_with_truncation_bootstrap_matches_brute_force():
     assert truncations.any() and terminations.any()
     as_t = lambda x: torch.tensor(x, dtype=torch.float64)
     advantages, returns = pc.compute_gae(as_t(rewards), as_t(values), as_t(next_values), as_t(terminations),
-                                         as_t(dones), gamma, lam)
+                                         as_t(truncations), gamma, lam)
     expected = brute_force_gae(rewards, values, next_values, terminations, dones, gamma, lam)
     np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(returns.numpy(), expected + values, rtol=1e-10, atol=1e-10)
     # A truncated last step is bootstrapped from its final observation's value, a terminated one is not.
     one = lambda v: torch.tensor([[v]], dtype=torch.float64)
     trunc_adv, _ = pc.compute_gae(one(1.0), one(0.5), one(2.0), one(0.0), one(1.0), gamma, lam)
-    term_adv, _ = pc.compute_gae(one(1.0), one(0.5), one(2.0), one(1.0), one(1.0), gamma, lam)
+    term_adv, _ = pc.compute_gae(one(1.0), one(0.5), one(2.0), one(1.0), one(0.0), gamma, lam)
     assert trunc_adv.item() == pytest.approx(1.0 + gamma * 2.0 - 0.5)
     assert term_adv.item() == pytest.approx(1.0 - 0.5)
 
@@ -272,7 +272,7 @@ class NanRewardEnv(gym.Env):
 
 def test_nan_loss_stops_with_step_and_last_good_checkpoint(tmp_path):
     gym.register("NanRewardTest-v0", entry_point=NanRewardEnv)
-    with pytest.raises(pc.NonFiniteLossError) as info:
+    with pytest.raises(pc.TrainingDiverged) as info:
         pc.train(tiny_args(tmp_path, env_id="NanRewardTest-v0", total_timesteps=1024, num_envs=1, num_steps=128))
     message = str(info.value)
     last = single_run_dir(tmp_path) / "ppo_continuous_last.pt"

@@ -378,7 +378,7 @@ def test_bad_input_raises_config_error(overrides, message, tmp_path):
 
 def test_non_finite_loss_stops_with_step_and_last_good_checkpoint(tmp_path):
     # A huge learning rate sends the weights to inf after the first Adam steps; the loss turns NaN.
-    with pytest.raises(pd.NonFiniteLoss) as err:
+    with pytest.raises(pd.TrainingDiverged) as err:
         pd.train(tiny_args(tmp_path, learning_rate=1e38, total_timesteps=1024, eval_interval=0))
     message = str(err.value)
     assert "non-finite loss" in message and "at global step" in message
