@@ -14,6 +14,11 @@ on-policy EM-style algorithm. Each iteration collects a rollout, then:
   alpha_sigma, and fit the value function to the targets. Repeated m_steps times on
   the full batch.
 
+`--m-step push|clip` departs from the paper's M-step (the default, `--m-step seed`, is the
+paper's): it also pushes the policy away from the worst samples, with mirror E-step weights
+psi^- proportional to exp(-A / eta) on the bottom fraction rho, and bounds each sample's
+likelihood ratio as PPO's clip does (see `Args.m_step` and `m_step_policy_loss`).
+
 Run:
     python vmpo_continuous.py --env-id dm_control/walker/walk --cuda
     python vmpo_continuous.py --help
