@@ -346,7 +346,10 @@ def test_probe_is_learned(probe, tmp_path):
     args = V.Args(env_id=env_id, total_timesteps=steps, num_envs=4, num_steps=40, m_steps=8, gamma=PROBE_GAMMA,
                   policy_hidden_sizes=(32,), value_hidden_sizes=(32,), policy_lr=3e-3, value_lr=3e-3,
                   temperature_init=1.0, temperature_lr=1e-2, alpha_lr=1e-2, epsilon_mu=0.1, epsilon_sigma=0.01,
-                  max_grad_norm=1.0, eval_interval=0, eval_episodes=2, output_dir=str(tmp_path), cuda=False)
+                  max_grad_norm=1.0, eval_interval=0, eval_episodes=2, output_dir=str(tmp_path), cuda=False,
+                  # A few dozen updates: a constant lr, and the state-dependent log-std head, which shrinks sigma
+                  # within them (with the default shared sigma still near 0.6, tanh(mean) sits above the best E[a]).
+                  anneal_lr=False, ppo_like_backbone=False, init_log_std=None)
     out = V.train(args)
     _, agent, obs_rms = V.load_checkpoint(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), torch.device("cpu"))
     normed = lambda o: torch.as_tensor(obs_rms.normalize(np.asarray(o, np.float64)))  # noqa: E731
