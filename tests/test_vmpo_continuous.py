@@ -495,6 +495,7 @@ def test_copied_alone_runs_from_its_cli(tmp_path):
     (dict(epsilon_mu=-0.1), r"--epsilon-mu must be > 0"),
     (dict(epsilon_sigma=0.0), r"--epsilon-sigma must be > 0"),
     (dict(total_timesteps=10), r"--total-timesteps \(10\) must be >= num_envs \* num_steps \(64\)"),
+    (dict(m_step_clip=1.0), r"--m-step-clip must be in \(0, 1\), got 1.0"),
     (dict(num_envs=1, num_steps=1, total_timesteps=1, topk_fraction=0.5), r"selects no sample"),
     (dict(num_envs=0), r"--num-envs must be >= 1"),
     (dict(eval_only=True), r"--eval-only needs --checkpoint"),
