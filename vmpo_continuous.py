@@ -704,7 +704,8 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     old_log_prob = gaussian_log_prob(old_means, old_log_stds, u)
     all_params = list(agent.parameters())
 
-    # ---- M-step: weighted maximum likelihood under decoupled KL trust regions, plus the value fit.
+    # ---- M-step: the likelihood loss of --m-step (the paper's: weighted maximum likelihood) under decoupled KL
+    # trust regions, plus the value fit.
     for _ in range(args.m_steps):
         mean, log_std, values = agent(obs)
         gaussian_lp = gaussian_log_prob(mean, log_std, u)
@@ -746,7 +747,8 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         a_valid = advantages[valid]
         stats = {
             "loss/total": total_loss, "loss/value": value_loss, "loss/policy": policy_loss,
-            "loss/policy_weighted_nll": weighted_nll(weights, log_prob), "loss/policy_likelihood": likelihood_loss, "loss/policy_kl_mean_pen": alpha_mu * kl_mu,
+            "loss/policy_weighted_nll": weighted_nll(weights, log_prob), "loss/policy_likelihood": likelihood_loss,
+            "loss/policy_kl_mean_pen": alpha_mu * kl_mu,
             "loss/policy_kl_std_pen": alpha_sigma * kl_sigma, "loss/alpha": alpha_loss,
             "kl/mean": masked_mean(kl_mu_t, restarting), "kl/std": masked_mean(kl_sigma_t, restarting),
             "kl/mean_sel": kl_mu, "kl/std_sel": kl_sigma,
@@ -758,7 +760,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
             "vmpo/ess": 1.0 / (w**2).sum(), "vmpo/log_mean_weights": estep["log_mean_weights"],
             "vmpo/restarting_frac": 1.0 - valid.float().mean(), "vmpo/importance_mean": importance[valid].mean(),
             "vmpo/grad_norm": grad_norm,
-            # Fraction of the valid samples whose likelihood moved by more than the clip (either way).
+            # Fraction of the valid samples whose likelihood ratio was outside [1 - clip, 1 + clip] at the last M-step.
             "vmpo/ratio_outside_clip_frac": masked_mean((log_ratio.abs() > math.log1p(args.m_step_clip)).float(), restarting),
             "train/entropy": masked_mean(gaussian_entropy(log_std), selected),
             "train/param_delta": param_delta,
