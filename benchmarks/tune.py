@@ -80,7 +80,8 @@ def sample_ppo_discrete(trial: SearchTrial, args: Any) -> list[str]:
         ent_coef=trial.suggest_float("ent_coef", 1e-8, 0.1, log=True),
         vf_coef=trial.suggest_float("vf_coef", 0.1, 1.0),
         max_grad_norm=trial.suggest_categorical("max_grad_norm", [0.3, 0.5, 1.0, 2.0, 5.0]),
-        hidden_sizes=layers(trial.suggest_categorical("hidden_sizes", ["64x64", "128x128", "256x256", "64x64x64"])),
+        policy_hidden_sizes=layers(trial.suggest_categorical("policy_hidden_sizes", ["64x64", "128x128", "256x256", "64x64x64"])),
+        value_hidden_sizes=layers(trial.suggest_categorical("value_hidden_sizes", ["64x64", "128x128", "256x256", "64x64x64"])),
         anneal_lr=trial.suggest_categorical("anneal_lr", [True, False]),
     )
 
