@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from gymnasium.spaces import Box
 from torch.distributions import AffineTransform, Independent, Normal, TanhTransform, TransformedDistribution, kl_divergence
 
 import vmpo_continuous as V
@@ -30,6 +31,14 @@ def tiny_args(**overrides) -> V.Args:
 # ---------------------------------------------------------------------------------
 
 
+def box(low, high) -> Box:
+    return Box(np.asarray(low, np.float32), np.asarray(high, np.float32))
+
+
+def obs_space(dim: int) -> Box:
+    return Box(-np.inf, np.inf, (dim,), np.float32)
+
+
 def test_squashed_log_prob_matches_transformed_distribution():
     torch.manual_seed(0)
     low, high = torch.tensor([-1.0, 0.0, -3.0]), torch.tensor([1.0, 2.0, 1.0])
@@ -39,14 +48,15 @@ def test_squashed_log_prob_matches_transformed_distribution():
     u = u.clamp(-3, 3)  # keep the reference's own atanh inversion accurate
     reference = Independent(TransformedDistribution(Normal(mean, log_std.exp()), [TanhTransform(), AffineTransform(bias, scale)]), 1)
     actions = bias + scale * torch.tanh(u)
-    ours = V.squashed_log_prob(mean, log_std, u, scale)
+    ours = V.gaussian_log_prob(mean, log_std, u) - V.squash_log_det(u, scale)  # the update's log pi(a|s)
     torch.testing.assert_close(ours, reference.log_prob(actions), atol=1e-4, rtol=1e-4)
 
     # Stored env-scale actions go back through the clamped atanh; exact bounds stay finite.
-    agent = V.Agent(2, 3, low.numpy(), high.numpy(), tiny_args())
+    agent = V.Agent(obs_space(2), box(low, high), tiny_args())
     torch.testing.assert_close(agent.unsquash(actions), u, atol=2e-3, rtol=1e-3)
     at_bounds = torch.stack([low, high])
-    lp = V.squashed_log_prob(mean[:2], log_std[:2], agent.unsquash(at_bounds), agent.action_scale)
+    u_bounds = agent.unsquash(at_bounds)
+    lp = V.gaussian_log_prob(mean[:2], log_std[:2], u_bounds) - V.squash_log_det(u_bounds, agent.action_scale)
     assert torch.isfinite(lp).all()
 
 
@@ -79,40 +89,39 @@ def test_decoupled_kls_are_kls_of_the_mixed_gaussians_and_add_up():
 # ---------------------------------------------------------------------------------
 
 
-def numpy_e_step(adv, restart, imp, eta, rho, eps_eta):
+def numpy_e_step(adv, restart, eta, rho, eps_eta):
     """Song et al. (2019) eq. for the top-k weights and the temperature loss, in float64, no shifts."""
-    adv, restart, imp = (np.asarray(x, np.float64) for x in (adv, restart, imp))
+    adv, restart = (np.asarray(x, np.float64) for x in (adv, restart))
     s = restart * adv / eta
     valid = restart > 0
     k = max(1, math.floor(rho * valid.sum()))
     tau = np.sort(s[valid])[::-1][k - 1]
     selected = valid & (s >= tau)
-    psi_tilde = np.where(selected, imp * np.exp(s), 0.0)
+    psi_tilde = np.where(selected, np.exp(s), 0.0)
     psi = psi_tilde / psi_tilde.sum()
     log_mean = np.log(psi_tilde.sum() / selected.sum())
     return psi, selected, tau, eta * (eps_eta + log_mean)
 
 
-@pytest.mark.parametrize("case", ["restarting", "ties", "rho_one", "importance"])
+@pytest.mark.parametrize("case", ["restarting", "ties", "rho_one", "no_reset_steps"])
 def test_e_step_matches_numpy_transcription(case):
     rng = np.random.default_rng(3)
     n = 200
     adv = rng.normal(size=n)
     restart = (rng.random(n) > 0.2).astype(np.float64)
-    imp = np.ones(n)
     rho, eta = 0.5, 0.7
     if case == "ties":
         adv = rng.integers(-3, 4, size=n).astype(np.float64)  # many samples tie at the threshold
     if case == "rho_one":
         rho = 1.0
-    if case == "importance":
-        imp = rng.uniform(0.2, 1.0, size=n)
+    if case == "no_reset_steps":
+        restart = np.ones(n)  # k counts every sample
     adv[np.nonzero(restart == 0)[0][:3]] = 50.0  # huge advantages on reset steps must never be selected
     t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-    out = V.e_step(t(adv), t(restart), t(imp), torch.tensor(eta, dtype=torch.float64), rho, 0.1)
-    psi, selected, tau, dual = numpy_e_step(adv, restart, imp, eta, rho, 0.1)
-    np.testing.assert_array_equal(out["selected"].numpy(), selected)
-    assert not (out["selected"].numpy() & (restart == 0)).any()
+    out = V.e_step(t(adv), t(restart), torch.tensor(eta, dtype=torch.float64), rho, 0.1)
+    psi, selected, tau, dual = numpy_e_step(adv, restart, eta, rho, 0.1)
+    np.testing.assert_array_equal(out["selected_weights"].numpy() > 0, selected)
+    assert not ((out["selected_weights"].numpy() > 0) & (restart == 0)).any()
     np.testing.assert_allclose(out["weights"].numpy(), psi, rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(float(out["threshold"]), tau, rtol=1e-12)
     np.testing.assert_allclose(float(out["dual_loss"]), dual, rtol=1e-10)
@@ -120,16 +129,18 @@ def test_e_step_matches_numpy_transcription(case):
         assert selected.sum() > math.floor(rho * restart.sum())  # ties at tau are all kept
     if case == "rho_one":
         np.testing.assert_array_equal(selected, restart > 0)
+    if case == "no_reset_steps":
+        assert selected.sum() == math.floor(rho * n)  # no ties among normal draws
 
 
 def test_temperature_gradient_matches_numpy_dual():
     rng = np.random.default_rng(4)
-    adv, restart, imp = rng.normal(size=100), (rng.random(100) > 0.1).astype(np.float64), np.ones(100)
+    adv, restart = rng.normal(size=100), (rng.random(100) > 0.1).astype(np.float64)
     eta = torch.tensor(0.8, dtype=torch.float64, requires_grad=True)
-    out = V.e_step(torch.tensor(adv), torch.tensor(restart), torch.tensor(imp), eta, 0.6, 0.2)
+    out = V.e_step(torch.tensor(adv), torch.tensor(restart), eta, 0.6, 0.2)
     out["dual_loss"].backward()
     # The selected set is piecewise constant in eta; the gradient is that of the formula with it held fixed.
-    sel = out["selected"].numpy()
+    sel = out["selected_weights"].numpy() > 0
     dual = lambda e: e * (0.2 + np.log(np.mean(np.exp(adv[sel] / e))))  # noqa: E731
     h = 1e-6
     np.testing.assert_allclose(float(eta.grad), (dual(0.8 + h) - dual(0.8 - h)) / (2 * h), rtol=1e-6)
@@ -159,11 +170,11 @@ def test_m_step_likelihood_loss_matches_loop_and_stops_at_the_clip(m_step):
     n, clip = 300, 0.2
     adv = rng.normal(size=n)
     restart = (rng.random(n) > 0.1).astype(np.float64)
-    ones = torch.ones(n, dtype=torch.float64)
-    psi = V.e_step(torch.tensor(adv), torch.tensor(restart), ones, torch.tensor(0.7, dtype=torch.float64), 0.5, 0.1)["weights"]
-    psi_minus = V.e_step(torch.tensor(-adv), torch.tensor(restart), ones, torch.tensor(0.7, dtype=torch.float64), 0.5, 0.1)["weights"]
+    eta = torch.tensor(0.7, dtype=torch.float64)
+    psi = V.e_step(torch.tensor(adv), torch.tensor(restart), eta, 0.5, 0.1)["weights"]
+    psi_minus = V.e_step(torch.tensor(-adv), torch.tensor(restart), eta, 0.5, 0.1)["weights"]
     # The mirror weights are the numpy transcription's on the negated advantages: exp(-s) over the bottom k.
-    np.testing.assert_allclose(psi_minus.numpy(), numpy_e_step(-adv, restart, np.ones(n), 0.7, 0.5, 0.1)[0], rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(psi_minus.numpy(), numpy_e_step(-adv, restart, 0.7, 0.5, 0.1)[0], rtol=1e-10, atol=1e-14)
     assert float(psi_minus[np.argmin(np.where(restart > 0, adv, np.inf))]) == float(psi_minus.max())
     log_old = torch.tensor(rng.normal(size=n) - 1.0)
     log_ratio = torch.tensor(rng.normal(scale=0.4, size=n), requires_grad=True)  # many samples beyond 1 +- clip
@@ -187,7 +198,7 @@ def synthetic_update(mean_offset: float, log_std_offset: float, temperature_init
     torch.manual_seed(5)
     args = tiny_args(m_steps=1, alpha_lr=1e-2, temperature_lr=1e-2, temperature_init=temperature_init,
                      epsilon_mu=0.01, epsilon_sigma=0.01, epsilon_eta=0.1)
-    agent = V.Agent(3, 2, np.array([-1.0, -1.0]), np.array([1.0, 1.0]), args)
+    agent = V.Agent(obs_space(3), box([-1.0, -1.0], [1.0, 1.0]), args)
     duals = V.DualVariables(args.temperature_init, args.alpha_init)
     optimizers = V.build_optimizers(agent, duals, args)
     obs = torch.randn(256, 3)
@@ -201,8 +212,8 @@ def synthetic_update(mean_offset: float, log_std_offset: float, temperature_init
     adv = V.normalize_advantages(batch["advantages"], batch["restarting_weights"]).double().numpy()
     restart = batch["restarting_weights"].double().numpy()
     h = 1e-5
-    grad = (numpy_e_step(adv, restart, np.ones(256), before[0] + h, args.topk_fraction, args.epsilon_eta)[3]
-            - numpy_e_step(adv, restart, np.ones(256), before[0] - h, args.topk_fraction, args.epsilon_eta)[3]) / (2 * h)
+    grad = (numpy_e_step(adv, restart, before[0] + h, args.topk_fraction, args.epsilon_eta)[3]
+            - numpy_e_step(adv, restart, before[0] - h, args.topk_fraction, args.epsilon_eta)[3]) / (2 * h)
     V.vmpo_update(agent, duals, optimizers, batch, args)
     after = [float(x.detach()) for x in (duals.temperature(), *duals.alphas())]
     return before, after, grad
@@ -227,7 +238,7 @@ def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_ste
     a few on-policy updates with the default hyperparameters bring the Gaussian mean to u*(s)."""
     torch.manual_seed(0)
     args = V.Args(m_step=m_step)
-    agent = V.Agent(5, 1, np.array([-1.0]), np.array([1.0]), args)
+    agent = V.Agent(obs_space(5), box([-1.0], [1.0]), args)
     duals = V.DualVariables(args.temperature_init, args.alpha_init)
     optimizers = V.build_optimizers(agent, duals, args)
     obs = torch.randn(2048, 5)
@@ -378,13 +389,10 @@ def test_probe_is_learned(probe, m_step, tmp_path):
 # ---------------------------------------------------------------------------------
 
 EXPECTED_TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-                 "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/explained_variance",
-                 "eval/return_mean", "eval/return_std", "eval/return_min", "eval/return_max", "eval/length_mean",
-                 "kl/mean", "kl/std", "kl/mean_sel", "kl/std_sel", "loss/total", "loss/value", "loss/policy",
-                 "loss/policy_weighted_nll", "loss/policy_kl_mean_pen", "loss/policy_kl_std_pen", "loss/alpha",
-                 "vmpo/alpha_mu", "vmpo/alpha_sigma", "vmpo/dual_loss", "vmpo/temperature_raw", "vmpo/selected_frac",
-                 "vmpo/threshold", "vmpo/ess", "vmpo/restarting_frac", "train/entropy", "train/param_delta",
-                 "train/mean_abs_action", "adv/raw_mean", "returns/raw_mean", "value/explained_var"]
+                 "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/explained_variance", "losses/clipfrac",
+                 "losses/temperature_loss", "losses/alpha_loss", "eval/return_mean", "eval/return_std", "eval/return_min",
+                 "eval/return_max", "eval/length_mean", "kl/mean", "kl/std", "vmpo/temperature", "vmpo/alpha_mu",
+                 "vmpo/alpha_sigma", "vmpo/ess"]
 
 
 def test_cli_walker_smoke_checkpoint_eval_only_video_and_wandb(tmp_path):
