@@ -2,21 +2,16 @@
 
 V-MPO (Song et al., 2019, "V-MPO: On-Policy Maximum a Posteriori Policy Optimization for Discrete and Continuous
 Control", https://arxiv.org/abs/1909.12238) is an on-policy EM-style algorithm. Each iteration collects a rollout, then:
-
-* E-step: normalize the advantages, keep the top fraction rho of them, and give each kept sample a weight psi
-  proportional to exp(A / eta). The temperature eta is a Lagrange multiplier, trained by one step on its dual loss so
-  that the weights stay within a KL of epsilon_eta of the data distribution.
-* M-step: m_steps full-batch steps move the policy toward the weighted samples, subject to decoupled KL trust regions
-  on the Gaussian mean (epsilon_mu) and covariance (epsilon_sigma) enforced by the Lagrange multipliers alpha_mu and
-  alpha_sigma, and fit the value function to the targets.
+the E-step keeps the top fraction rho of the normalized advantages and weights them by psi ~ exp(A / eta), the
+temperature eta taking one step on its dual loss (KL bound epsilon_eta); the M-step fits the policy to the weighted
+samples under decoupled KL trust regions on the Gaussian's mean and covariance (bounds epsilon_mu, epsilon_sigma;
+multipliers alpha_mu, alpha_sigma), and the value function to the targets, in m_steps full-batch steps.
 
 Departures from the paper, each an option: `--m-step clip` (the default) bounds the pull toward the top-k samples and
-adds a bounded push away from the bottom-k ones, PPO's clip on the E-step's weights (`--m-step seed` is the paper's
-update); the network is PPO's (`--ppo-like-backbone`) and the learning rate is annealed (`--anneal-lr`).
+adds a bounded push off the bottom-k ones (`--m-step seed` is the paper's update); PPO's network; an annealed lr.
 
 Run:
     python vmpo_continuous.py --env-id dm_control/walker/walk --cuda
-    python vmpo_continuous.py --env-id dm_control/cartpole/swingup --total-timesteps 500000
     python vmpo_continuous.py --m-step seed    # the paper's M-step
     python vmpo_continuous.py --resume runs/<run>/vmpo_continuous_last.pt --total-timesteps 2000000
     python vmpo_continuous.py --eval-only --checkpoint runs/<run>/vmpo_continuous_best.pt --capture-video
@@ -34,6 +29,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import gymnasium as gym
@@ -177,10 +173,8 @@ def make_encoder(in_dim: int, hidden_sizes: tuple[int, ...], ppo_like: bool) -> 
     for i, size in enumerate(hidden_sizes):
         if ppo_like:
             layers += [layer_init(nn.Linear(in_dim, size)), nn.Tanh()]
-        elif i == 0:
-            layers += [nn.Linear(in_dim, size), nn.LayerNorm(size), nn.Tanh()]
         else:
-            layers += [nn.Linear(in_dim, size), nn.ELU()]
+            layers += [nn.Linear(in_dim, size), *([nn.LayerNorm(size), nn.Tanh()] if i == 0 else [nn.ELU()])]
         in_dim = size
     return nn.Sequential(*layers)
 
@@ -191,23 +185,18 @@ class Agent(nn.Module):
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box, args: Args):
         super().__init__()
         obs_dim, act_dim = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
-        self.shared_encoder, self.ppo_like = args.shared_encoder, args.ppo_like_backbone
-        self.log_std_min, self.log_std_max = args.log_std_min, args.log_std_max
+        self.ppo_like, self.log_std_min, self.log_std_max = args.ppo_like_backbone, args.log_std_min, args.log_std_max
         self.policy_encoder = make_encoder(obs_dim, args.policy_hidden_sizes, self.ppo_like)
         feat = args.policy_hidden_sizes[-1] if args.policy_hidden_sizes else obs_dim
         self.policy_mean = layer_init(nn.Linear(feat, act_dim), std=0.01) if self.ppo_like else nn.Linear(feat, act_dim)
-        if self.ppo_like:
-            init = 0.0 if args.init_log_std is None else args.init_log_std
-            self.policy_log_std = nn.Parameter(torch.full((act_dim,), init))  # state-independent
-        else:
-            self.policy_log_std = nn.Linear(feat, act_dim)  # state-dependent head
+        if self.ppo_like:  # a state-independent log-std
+            self.policy_log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std or 0.0))
+        else:  # a state-dependent log-std head
+            self.policy_log_std = nn.Linear(feat, act_dim)
             if args.init_log_std is not None:
                 nn.init.constant_(self.policy_log_std.bias, args.init_log_std)
-        if self.shared_encoder:
-            self.value_encoder, value_feat = None, feat
-        else:
-            self.value_encoder = make_encoder(obs_dim, args.value_hidden_sizes, self.ppo_like)
-            value_feat = args.value_hidden_sizes[-1] if args.value_hidden_sizes else obs_dim
+        self.value_encoder = None if args.shared_encoder else make_encoder(obs_dim, args.value_hidden_sizes, self.ppo_like)
+        value_feat = feat if args.shared_encoder else (args.value_hidden_sizes[-1] if args.value_hidden_sizes else obs_dim)
         self.value_head = layer_init(nn.Linear(value_feat, 1), std=1.0) if self.ppo_like else nn.Linear(value_feat, 1)
         low, high = (torch.as_tensor(x, dtype=torch.float32) for x in (action_space.low, action_space.high))
         self.register_buffer("action_scale", (high - low) / 2.0)
@@ -235,7 +224,6 @@ class Agent(nn.Module):
 
 
 def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """log N(u; mean, diag(exp(log_std))^2), summed over action dimensions."""
     # LaTeX: \log\mathcal{N}(u|\mu,\sigma) = -\sum_j (\frac{(u_j-\mu_j)^2}{2\sigma_j^2} + \log\sigma_j + \frac{\log 2\pi}{2})
     return (-0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
 
@@ -272,39 +260,40 @@ class Rollout:
     restarting: torch.Tensor  # 0 on reset steps, else 1
 
     @classmethod
-    def empty(cls, num_steps: int, num_envs: int, obs_shape: tuple, act_dim: int, device: torch.device) -> "Rollout":
-        zeros = lambda *shape: torch.zeros((num_steps, num_envs, *shape), device=device)  # noqa: E731
-        return cls(zeros(*obs_shape), zeros(act_dim), zeros(act_dim), zeros(act_dim), *(zeros() for _ in range(5)))
+    def empty(cls, num_steps: int, envs: gym.vector.VectorEnv, device: torch.device) -> "Rollout":
+        zeros = lambda *shape: torch.zeros((num_steps, envs.num_envs, *shape), device=device)  # noqa: E731
+        act_dim = envs.single_action_space.shape[0]
+        return cls(
+            zeros(*envs.single_observation_space.shape), *(zeros(act_dim) for _ in range(3)), *(zeros() for _ in range(5))
+        )
 
     def batch(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The flat batch `vmpo_update` reads."""
-        fields = {"obs": self.obs, "actions": self.actions, "means": self.means, "log_stds": self.log_stds}
-        fields.update(advantages=advantages, returns=returns, restarting_weights=self.restarting)
-        return {k: v.reshape(-1, *v.shape[2:]) for k, v in fields.items()}
+        """The flat batch `vmpo_update` reads: every field, the advantages and the returns, one row per sample."""
+        return {
+            k: v.reshape(-1, *v.shape[2:]) for k, v in {**vars(self), "advantages": advantages, "returns": returns}.items()
+        }
 
 
 @torch.inference_mode()
-def collect_rollout(agent: Agent, envs, obs_rms, next_obs: torch.Tensor, prev_done: np.ndarray, buf: Rollout) -> tuple:
-    """Fill `buf` with num_steps steps of every env. Returns the next observation, which envs just ended an episode,
-    and the finished episodes as (env steps into the rollout, return, length)."""
+def collect_rollout(agent: Agent, envs, obs_rms, next_obs: torch.Tensor, buf: Rollout) -> tuple[torch.Tensor, list]:
+    """Fill `buf`; return the next observation and the finished episodes (env steps into the rollout, return, length)."""
     num_steps, num_envs = buf.rewards.shape
-    episodes = []
+    episodes, prev_done = [], (torch.maximum(buf.terminated[-1], buf.truncated[-1]) > 0).cpu().numpy()  # last rollout's end
     for step in range(num_steps):
         buf.obs[step] = next_obs
-        buf.restarting[step] = torch.as_tensor(~prev_done, dtype=torch.float32)
+        buf.restarting[step] = torch.as_tensor(~prev_done, dtype=torch.float32)  # 0 after an episode end: a reset step
         mean, log_std, value = agent(next_obs)
         action = agent.squash(mean + log_std.exp() * torch.randn_like(mean))  # u ~ N(mean, std), a = b + s tanh(u)
         buf.actions[step], buf.means[step], buf.log_stds[step], buf.values[step] = action, mean, log_std, value
         raw_obs, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
         obs_rms.update(raw_obs)
         next_obs = torch.as_tensor(obs_rms.normalize(raw_obs), device=next_obs.device)
-        buf.rewards[step] = torch.as_tensor(reward, dtype=torch.float32)
-        buf.terminated[step] = torch.as_tensor(terminated, dtype=torch.float32)
-        buf.truncated[step] = torch.as_tensor(truncated, dtype=torch.float32)
+        for field, data in ((buf.rewards, reward), (buf.terminated, terminated), (buf.truncated, truncated)):
+            field[step] = torch.as_tensor(data, dtype=torch.float32)
         prev_done = terminated | truncated
         for i in np.flatnonzero(infos.get("_episode", [])):
             episodes.append(((step + 1) * num_envs, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
-    return next_obs, prev_done, episodes
+    return next_obs, episodes
 
 
 # ---------------------------------------------------------------------------------------
@@ -317,26 +306,26 @@ def compute_targets(rewards, values, next_values, terminated, truncated, gamma: 
     """Advantages and value targets, (num_steps, num_envs). next_values[t] = V(real successor of s_t): the real final
     observation at an episode end (NEXT_STEP autoreset stores it as the next row), the next observation at the rollout
     end. gae_lambda = 1 gives bootstrapped discounted returns minus V, 0 the one-step TD error (DAE), between: GAE."""
-    not_terminated = 1.0 - terminated.float()
-    not_done = 1.0 - torch.maximum(terminated.float(), truncated.float())
-    advantages = torch.zeros_like(rewards)
-    last = torch.zeros_like(rewards[0])
+    advantages, last = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
         # LaTeX: \delta_t = r_t + \gamma (1 - \mathrm{terminated}_t) V(s_{t+1}) - V(s_t)
-        delta = rewards[t] + gamma * not_terminated[t] * next_values[t] - values[t]
+        delta = rewards[t] + gamma * (1.0 - terminated[t]) * next_values[t] - values[t]
         # LaTeX: \hat{A}_t = \delta_t + \gamma \lambda (1 - \mathrm{done}_t) \hat{A}_{t+1}
-        last = delta + gamma * gae_lambda * not_done[t] * last
+        last = delta + gamma * gae_lambda * (1.0 - torch.maximum(terminated[t], truncated[t])) * last
         advantages[t] = last
     # LaTeX: R_t = \hat{A}_t + V(s_t)
     returns = advantages + values
     return advantages, returns
 
 
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
 def normalize_advantages(advantages: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Standardize with the mean/std of the non-restarting samples only (reset steps carry no data)."""
-    n = valid.sum().clamp(min=1.0)
-    mean = (advantages * valid).sum() / n
-    std = (((advantages - mean) ** 2 * valid).sum() / n).sqrt()
+    mean = masked_mean(advantages, valid)
+    std = masked_mean((advantages - mean) ** 2, valid).sqrt()
     # LaTeX: \hat{A}_t \leftarrow (\hat{A}_t - \mu_A) / (\sigma_A + 10^{-8}), \quad \mu_A, \sigma_A \text{ over } w^{restart}=1
     return (advantages - mean) / (std + 1e-8)
 
@@ -406,10 +395,6 @@ def decoupled_kl(mean, log_std, old_mean, old_log_std) -> tuple[torch.Tensor, to
     return kl_mu, kl_sigma
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
-
-
 def m_step_policy_loss(m_step: str, weights, push_weights, log_prob, log_ratio, clip: float) -> torch.Tensor:
     """The likelihood part of the M-step's policy loss. seed: the paper's weighted maximum likelihood, a pull toward the
     top-k samples; clip stops the pull once a sample's ratio is above 1 + clip. push and clip: a push away from the
@@ -428,12 +413,8 @@ def m_step_policy_loss(m_step: str, weights, push_weights, log_prob, log_ratio, 
 
 def build_optimizers(agent: Agent, duals: DualVariables, args: Args) -> dict[str, torch.optim.Optimizer]:
     """One optimizer for policy and value (separate learning rates), one per dual group."""
-
-    def make(params, lr: float) -> torch.optim.Optimizer:
-        if args.optimizer == "adam":
-            return torch.optim.Adam(params, lr=lr, eps=1e-5)
-        return torch.optim.SGD(params, lr=lr, momentum=args.sgd_momentum)
-
+    adam, sgd = partial(torch.optim.Adam, eps=1e-5), partial(torch.optim.SGD, momentum=args.sgd_momentum)
+    make = adam if args.optimizer == "adam" else sgd  # make(params, lr)
     named = list(agent.named_parameters())  # policy_* and value_* modules
     policy, value = ([p for name, p in named if name.startswith(part)] for part in ("policy_", "value_"))
     model = make([{"params": policy, "lr": args.policy_lr}, {"params": value, "lr": args.value_lr}], args.policy_lr)
@@ -445,8 +426,7 @@ def build_optimizers(agent: Agent, duals: DualVariables, args: Args) -> dict[str
 def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dict, args: Args) -> dict[str, float]:
     """One V-MPO iteration on a flat batch: E-step (one temperature step), then m_steps M-steps."""
     obs, old_means, old_log_stds, returns = batch["obs"], batch["means"], batch["log_stds"], batch["returns"]
-    restarting = batch["restarting_weights"]
-    valid = restarting > 0
+    restarting = batch["restarting"]
     # Pre-tanh actions and the (parameter-free) squash Jacobian are fixed for the whole update.
     u = agent.unsquash(batch["actions"])
     log_det = squash_log_det(u, agent.action_scale)
@@ -457,15 +437,13 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     optimizers["temperature"].zero_grad()
     estep["dual_loss"].backward()
     optimizers["temperature"].step()
-    weights, selected = estep["weights"], estep["selected_weights"]
-    push_weights = None
+    weights, selected, push_weights = estep["weights"], estep["selected_weights"], None
     if args.m_step != "seed":
         # The mirror E-step: the same temperature and k on the negated advantages gives weights
         # proportional to exp(-s_t) over the bottom k samples (its dual loss is not used).
         # LaTeX: \psi^-_t \propto \bar{w}^-_t e^{-s_t}, \quad \bar{w}^-_t = w^{restart}_t [t \in \mathrm{BottomK}(s, k)]
         push_weights = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)["weights"]
     old_log_prob = gaussian_log_prob(old_means, old_log_stds, u)
-    all_params = list(agent.parameters())
 
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit.
     for _ in range(args.m_steps):
@@ -474,14 +452,13 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         # The env action a = b + s tanh(u): a change of variables.
         # LaTeX: \log \pi_\theta(a_t|s_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log|\det \partial a/\partial u|
         log_prob = gaussian_lp - log_det
-        # The squash Jacobian cancels in the ratio, so the pre-tanh Gaussians are enough.
+        # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): the squash Jacobian cancels, the pre-tanh Gaussians are enough.
         # LaTeX: \log \rho_t = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old})
         log_ratio = gaussian_lp - old_log_prob
         likelihood_loss = m_step_policy_loss(args.m_step, weights, push_weights, log_prob, log_ratio, args.m_step_clip)
         kl_mu_t, kl_sigma_t = decoupled_kl(mean, log_std, old_means, old_log_stds)
         # LaTeX: (D_\mu, D_\sigma) = \frac{1}{N_{sel}} \sum_{t \in \mathcal{S}} \big(D_\mu(s_t), D_\sigma(s_t)\big)
         kl_mu, kl_sigma = masked_mean(kl_mu_t, selected), masked_mean(kl_sigma_t, selected)
-
         # The multipliers' dual loss, KLs held constant: minimizing it grows alpha while its KL is above epsilon.
         alpha_mu, alpha_sigma = duals.alphas()
         # LaTeX: \mathcal{L}_\alpha = \alpha_\mu (\epsilon_\mu - D_\mu) + \alpha_\sigma (\epsilon_\sigma - D_\sigma)
@@ -489,9 +466,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         optimizers["alpha"].zero_grad()
         alpha_loss.backward()
         optimizers["alpha"].step()
-        with torch.no_grad():
-            alpha_mu, alpha_sigma = duals.alphas()  # the just-updated multipliers, held constant below
-
+        alpha_mu, alpha_sigma = (alpha.detach() for alpha in duals.alphas())  # the updated ones, held constant below
         # LaTeX: \mathcal{L}_\pi = \mathcal{L}^{lik}_\pi + \mathrm{sg}[\alpha_\mu] D_\mu + \mathrm{sg}[\alpha_\sigma] D_\sigma
         policy_loss = likelihood_loss + alpha_mu * kl_mu + alpha_sigma * kl_sigma
         # LaTeX: \mathcal{L}_V = \frac{1}{2 N_{valid}} \sum_{t : w^{restart}_t = 1} (V_\phi(s_t) - R_t)^2
@@ -501,7 +476,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         optimizers["model"].zero_grad()
         total_loss.backward()
         # LaTeX: g \leftarrow g \cdot \min\left(1, \frac{c_{\max}}{\lVert g \rVert_2}\right)
-        nn.utils.clip_grad_norm_(all_params, args.max_grad_norm)
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizers["model"].step()
 
     # ---- Diagnostics: the last M-step's; the KLs and the clip fraction over all non-restarting samples.
@@ -510,7 +485,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         stats = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss, "losses/alpha_loss": alpha_loss}
         stats["losses/temperature_loss"] = estep["dual_loss"]
         stats["losses/entropy"] = masked_mean(gaussian_entropy(log_std), selected)
-        stats["losses/explained_variance"] = explained_variance(values[valid], returns[valid])
+        stats["losses/explained_variance"] = explained_variance(values[restarting > 0], returns[restarting > 0])
         stats["losses/clipfrac"] = masked_mean(clipped, restarting)
         stats["kl/mean"], stats["kl/std"] = masked_mean(kl_mu_t, restarting), masked_mean(kl_sigma_t, restarting)
         stats["vmpo/alpha_mu"], stats["vmpo/alpha_sigma"] = alpha_mu, alpha_sigma
@@ -557,10 +532,9 @@ def set_up(args: Args) -> Run:
     gl_backend = choose_gl_backend(args.capture_video)  # before anything imports mujoco
     if args.eval_only and not args.checkpoint:
         raise ConfigError("--eval-only needs --checkpoint PATH (a vmpo_continuous_*.pt file)")
-    ckpt = None
-    if args.eval_only or args.resume:
-        ckpt = load_checkpoint(*((args.checkpoint, "--checkpoint") if args.eval_only else (args.resume, "--resume")))
-        args = args_with_checkpoint(args, ckpt)  # the checkpoint's hyperparameters and env
+    source, flag = (args.checkpoint, "--checkpoint") if args.eval_only else (args.resume, "--resume")
+    ckpt = load_checkpoint(source, flag) if source else None
+    args = args_with_checkpoint(args, ckpt) if ckpt else args  # the checkpoint's hyperparameters and env
     if args.resume and args.total_timesteps // (args.num_envs * args.num_steps) <= ckpt["iteration"]:
         raise ConfigError(
             f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's "
@@ -568,11 +542,9 @@ def set_up(args: Args) -> Run:
         )
     check_args(args, gl_backend)
     check_output_dir(args.output_dir)
-    exp_name = f"{args.exp_name}-eval" if args.eval_only else args.exp_name
-    run_name = f"{args.env_id.replace('/', '-')}__{exp_name}__{args.seed}__{int(time.time())}"
+    run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}{'-eval' * args.eval_only}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
-
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -580,15 +552,13 @@ def set_up(args: Args) -> Run:
     if args.cuda and not torch.cuda.is_available():
         print("CUDA is not available; running on CPU.")
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
-
     if args.track:
         import wandb
 
         where = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=run_name, dir=run_dir)
         wandb.init(config=dataclasses.asdict(args), sync_tensorboard=True, **where)
     writer = SummaryWriter(run_dir)
-    table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
-    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
 
     envs = None if args.eval_only else make_vector_env(args, args.num_envs, args.seed)
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, os.path.join(run_dir, "videos"))
@@ -622,18 +592,14 @@ def train(args: Args) -> dict:
     if args.resume:
         print(f"resuming {args.resume} at step {start_step} with its saved hyperparameters; training to step {final_step}")
     elif final_step != args.total_timesteps:
-        print(
-            f"training to step {final_step}: --total-timesteps {args.total_timesteps} rounded down to whole rollouts "
-            f"of {batch_size} steps"
-        )
+        rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
+        print(f"training to step {final_step}: {rounded}")
     default_threads = torch.get_num_threads()
-    obs_shape, act_dim = envs.single_observation_space.shape, envs.single_action_space.shape[0]
-    rollout = Rollout.empty(args.num_steps, args.num_envs, obs_shape, act_dim, run.device)
+    rollout = Rollout.empty(args.num_steps, envs, run.device)
     # Env states are not checkpointed: a resumed run starts fresh episodes (differently seeded).
     raw_obs = envs.reset(seed=args.seed + run.iteration)[0]
     obs_rms.update(raw_obs)
     next_obs = torch.as_tensor(obs_rms.normalize(raw_obs), device=run.device)
-    prev_done = np.zeros(args.num_envs, bool)  # the previous step ended an episode: this one is a reset step
     recent_returns: deque[float] = deque(maxlen=20)
     best_eval, last_eval = -math.inf, None
     next_eval = (start_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval > 0 else math.inf
@@ -641,8 +607,7 @@ def train(args: Args) -> dict:
 
     def evaluate_and_save() -> np.ndarray:
         nonlocal best_eval, last_eval
-        video_name = f"eval-step-{run.global_step}" if args.capture_video else None
-        returns, lengths = evaluate(agent, run.eval_envs, obs_rms, run.device, args.seed + 10_000, video_name)
+        returns, lengths = evaluate(run, f"eval-step-{run.global_step}")
         log_eval(writer, returns, lengths, run.global_step)
         last_eval = float(returns.mean())
         if last_eval > best_eval:
@@ -657,30 +622,27 @@ def train(args: Args) -> dict:
     try:
         for iteration in range(run.iteration + 1, num_iterations + 1):
             tick = time.time()
+            # ---- anneal the learning rate
             if args.anneal_lr:
                 # LaTeX: \lambda_k = \lambda_0 \left(1 - \frac{k - 1}{K}\right)
                 lr_scale = 1.0 - (iteration - 1.0) / num_iterations
                 for group, lr in zip(run.optimizers["model"].param_groups, (args.policy_lr, args.value_lr), strict=True):
                     group["lr"] = lr * lr_scale
-
             # ---- collect a rollout (one thread: batches of num_envs observations only lose to threading overhead)
             torch.set_num_threads(1)
-            next_obs, prev_done, episodes = collect_rollout(agent, envs, obs_rms, next_obs, prev_done, rollout)
+            next_obs, episodes = collect_rollout(agent, envs, obs_rms, next_obs, rollout)
             for offset, episode_return, episode_length in episodes:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
                 writer.add_scalar("charts/episodic_length", episode_length, run.global_step + offset)
             run.global_step += batch_size
-
             # ---- advantages: row t+1 holds s_{t+1}; the observation after the rollout bootstraps its last row
             with torch.inference_mode():
                 next_values = torch.cat([rollout.values[1:], agent(next_obs)[2].unsqueeze(0)], 0)
             gae_lambda = ESTIMATOR_LAMBDA.get(args.advantage_estimator, args.gae_lambda)
-            r = rollout
             advantages, returns = compute_targets(
-                r.rewards, r.values, next_values, r.terminated, r.truncated, args.gamma, gae_lambda
+                rollout.rewards, rollout.values, next_values, rollout.terminated, rollout.truncated, args.gamma, gae_lambda
             )
-
             # ---- update (full-batch matrix products do use the cores)
             torch.set_num_threads(args.torch_threads or default_threads)
             stats = vmpo_update(agent, run.duals, run.optimizers, rollout.batch(advantages, returns), args)
@@ -692,18 +654,17 @@ def train(args: Args) -> dict:
                     f"non-finite {what} at global step {run.global_step} (iteration {iteration}); stopped; "
                     f"last good checkpoint: {run.last_path} (step {saved_step})"
                 )
+            # ---- save _last.pt, before logging: Ctrl-C from here on keeps this update
             run.iteration = iteration
-            save_checkpoint(run.last_path, run, run.global_step, iteration, last_eval)  # before logging: Ctrl-C keeps it
+            save_checkpoint(run.last_path, run, run.global_step, iteration, last_eval)
             saved_step = run.global_step
             train_time += time.time() - tick
-
             # ---- log
             sps = (run.global_step - start_step) / max(train_time, 1e-9)
             writer.add_scalar("charts/SPS", int(sps), run.global_step)
             writer.add_scalar("charts/learning_rate", run.optimizers["model"].param_groups[0]["lr"], run.global_step)
             for tag, value in stats.items():
                 writer.add_scalar(tag, value, run.global_step)
-
             # ---- evaluate and save
             if run.global_step >= next_eval and iteration < num_iterations:
                 evaluate_and_save()
@@ -719,7 +680,6 @@ def train(args: Args) -> dict:
     finally:
         torch.set_num_threads(default_threads)
         run.close()
-    sps = (run.global_step - start_step) / max(train_time, 1e-9)
     summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": sps, "wall_time": time.time() - start_time}
     return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": best_eval}
 
@@ -801,11 +761,8 @@ def library_loads(names: tuple[str, ...]) -> bool:
 def choose_gl_backend(capture_video: bool) -> str | None:
     """Set MUJOCO_GL before anything imports mujoco; return the backend (None: none loads). The user's MUJOCO_GL wins;
     without video nothing is rendered ('disable'); for video, the first of EGL and OSMesa whose library loads."""
-    if "MUJOCO_GL" in os.environ:
-        return os.environ["MUJOCO_GL"]
-    if not capture_video:
-        os.environ["MUJOCO_GL"] = "disable"
-        return "disable"
+    if "MUJOCO_GL" in os.environ or not capture_video:
+        return os.environ.setdefault("MUJOCO_GL", "disable")
     if sys.platform != "linux":
         return "default"  # macOS / Windows: MuJoCo's own windowing backend
     for backend, libraries in GL_BACKENDS:
@@ -818,18 +775,15 @@ def choose_gl_backend(capture_video: bool) -> str | None:
 
 def check_video(env_id: str, gym_id: str, gl_backend: str | None) -> None:
     """--capture-video: one env renders one frame now, so a missing renderer fails here, in one line."""
-    uses_mujoco = gym_id.startswith("dm_control/") or "mujoco" in str(gym.spec(gym_id).entry_point)
-    if uses_mujoco and gl_backend is None:
+    if gl_backend is None and (gym_id.startswith("dm_control/") or "mujoco" in str(gym.spec(gym_id).entry_point)):
         raise ConfigError(f"--capture-video: no OpenGL library loads for rendering {env_id}; install {GL_PACKAGES}")
     try:
         with warnings.catch_warnings():  # gymnasium warns about unsupported render modes: the check below says it
             warnings.simplefilter("ignore")
             env = gym.make(gym_id, render_mode="rgb_array")
-        try:
-            env.reset(seed=0)
-            frame = env.render()
-        finally:
-            env.close()
+        env.reset(seed=0)
+        frame = env.render()
+        env.close()
     except Exception as e:  # a renderer that cannot start: name it, without a traceback
         first_line = (str(e).splitlines() or [""])[0]
         raise ConfigError(f"--capture-video: {env_id} cannot render ({type(e).__name__}: {first_line})") from None
@@ -851,8 +805,7 @@ class RecordEpisodeVideo(gym.Wrapper):
 
     def reset(self, **kwargs):
         out = super().reset(**kwargs)
-        if self.name is not None:
-            self.frames = [self.env.render()]
+        self.frames = [] if self.name is None else [self.env.render()]
         return out
 
     def step(self, action):
@@ -863,16 +816,14 @@ class RecordEpisodeVideo(gym.Wrapper):
                 import imageio
 
                 os.makedirs(self.video_dir, exist_ok=True)
-                imageio.mimsave(
-                    os.path.join(self.video_dir, f"{self.name}.mp4"), self.frames, fps=self.fps, macro_block_size=1
-                )
+                path = os.path.join(self.video_dir, f"{self.name}.mp4")
+                imageio.mimsave(path, self.frames, fps=self.fps, macro_block_size=1)
                 self.name, self.frames = None, []
         return obs, reward, terminated, truncated, info
 
 
 def make_vector_env(args: Args, num_envs: int, seed: int, video_dir: str | None = None) -> gym.vector.VectorEnv:
-    """NEXT_STEP autoreset, flat float observations, episode statistics; with --capture-video and a video_dir, env 0
-    records the episodes it is asked to (`RecordEpisodeVideo.start`)."""
+    """NEXT_STEP autoreset, flat observations, episode statistics; env 0 can record (--capture-video and a video_dir)."""
     gym_id = resolve_env_id(args.env_id)
     limit = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
 
@@ -890,8 +841,7 @@ def make_vector_env(args: Args, num_envs: int, seed: int, video_dir: str | None 
 
 
 class RunningMeanStd:
-    """Running mean/variance of observations (float64), shared by all training envs; with enabled=False
-    (--no-norm-obs) it neither learns nor changes the observations."""
+    """Running mean/variance of observations (float64), shared by all training envs; inert with --no-norm-obs."""
 
     def __init__(self, shape: tuple[int, ...], enabled: bool = True):
         self.mean, self.var, self.count, self.enabled = np.zeros(shape, np.float64), np.ones(shape, np.float64), 1e-4, enabled
@@ -924,12 +874,12 @@ class RunningMeanStd:
 # Evaluation
 # ---------------------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate(agent: Agent, envs, obs_rms, device: torch.device, seed: int, video_name: str | None = None) -> tuple:
-    """One episode per env with the deterministic action b + s tanh(mean), the normalizer frozen; returns and lengths.
-    With video_name, env 0 records its episode to `<video_dir>/<video_name>.mp4`."""
-    if video_name is not None:
-        envs.unwrapped.envs[0].get_wrapper_attr("start")(video_name)
-    obs, _ = envs.reset(seed=seed)
+def evaluate(run: Run, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One episode per eval env: deterministic action b + s tanh(mean), frozen normalizer; env 0 records (video)."""
+    envs, agent, obs_rms, device = run.eval_envs, run.agent, run.obs_rms, run.device
+    if video_name is not None and isinstance(envs.unwrapped.envs[0], RecordEpisodeVideo):
+        envs.unwrapped.envs[0].start(video_name)
+    obs, _ = envs.reset(seed=run.args.seed + 10_000)
     returns, lengths, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, np.int64), np.zeros(envs.num_envs, bool)
     while not finished.all():
         obs_t = torch.as_tensor(obs_rms.normalize(obs), device=device)
@@ -950,16 +900,13 @@ def evaluate_checkpoint(run: Run) -> dict:
     """--eval-only: evaluate (and record) the checkpoint's policy on its env with this command's evaluation settings."""
     args, start = run.args, time.time()
     try:
-        video_name = "eval-only" if args.capture_video else None
-        returns, lengths = evaluate(run.agent, run.eval_envs, run.obs_rms, run.device, args.seed + 10_000, video_name)
+        returns, lengths = evaluate(run, "eval-only")
         log_eval(run.writer, returns, lengths, run.global_step)
     finally:
         run.close()
     mean, std = float(returns.mean()), float(returns.std())
-    print(
-        f"evaluated {args.checkpoint} (step {run.global_step}) on {args.env_id}: return {mean:.2f} ± {std:.2f} "
-        f"over {len(returns)} episodes; run dir {run.run_dir}"
-    )
+    result = f"return {mean:.2f} ± {std:.2f} over {len(returns)} episodes; run dir {run.run_dir}"
+    print(f"evaluated {args.checkpoint} (step {run.global_step}) on {args.env_id}: {result}")
     summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0, "wall_time": time.time() - start}
     return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
 
@@ -1080,10 +1027,9 @@ def check_env(env_id: str) -> None:
         ) from None
     space = env.action_space
     env.close()
-    if isinstance(space, gym.spaces.Discrete):
-        raise ConfigError(f"{env_id!r} has a Discrete action space; {SCRIPT}.py needs a Box one (use ppo_discrete.py)")
     if not isinstance(space, gym.spaces.Box):
-        raise ConfigError(f"{env_id!r} has action space {space}; {SCRIPT}.py needs a continuous Box action space")
+        hint = " (use ppo_discrete.py)" if isinstance(space, gym.spaces.Discrete) else ""
+        raise ConfigError(f"{env_id!r} has a {type(space).__name__} action space; {SCRIPT}.py needs a Box one{hint}")
     if not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
         raise ConfigError(f"{env_id!r} has unbounded actions {space}; the tanh-squashed policy needs finite bounds")
 

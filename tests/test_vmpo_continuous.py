@@ -206,11 +206,11 @@ def synthetic_update(mean_offset: float, log_std_offset: float, temperature_init
         mean, log_std, _ = agent(obs)
     batch = {"obs": obs, "actions": torch.rand(256, 2) * 1.8 - 0.9, "means": mean + mean_offset,
              "log_stds": log_std + log_std_offset, "advantages": torch.randn(256), "returns": torch.randn(256),
-             "restarting_weights": (torch.rand(256) > 0.1).float()}
+             "restarting": (torch.rand(256) > 0.1).float()}
     before = [float(x.detach()) for x in (duals.temperature(), *duals.alphas())]
     # The temperature's dual gradient at the start, from the numpy transcription.
-    adv = V.normalize_advantages(batch["advantages"], batch["restarting_weights"]).double().numpy()
-    restart = batch["restarting_weights"].double().numpy()
+    adv = V.normalize_advantages(batch["advantages"], batch["restarting"]).double().numpy()
+    restart = batch["restarting"].double().numpy()
     h = 1e-5
     grad = (numpy_e_step(adv, restart, before[0] + h, args.topk_fraction, args.epsilon_eta)[3]
             - numpy_e_step(adv, restart, before[0] - h, args.topk_fraction, args.epsilon_eta)[3]) / (2 * h)
@@ -251,7 +251,7 @@ def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_ste
         errors.append(float(((mean - optimum) ** 2).mean()))
         advantages = -((u - optimum) ** 2).sum(-1)
         batch = {"obs": obs, "actions": agent.squash(u), "means": mean, "log_stds": log_std, "returns": advantages,
-                 "advantages": advantages, "restarting_weights": torch.ones(len(obs))}
+                 "advantages": advantages, "restarting": torch.ones(len(obs))}
         V.vmpo_update(agent, duals, optimizers, batch, args)
     with torch.no_grad():
         errors.append(float(((agent(obs)[0] - optimum) ** 2).mean()))
