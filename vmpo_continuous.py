@@ -262,23 +262,21 @@ class Rollout:
     @classmethod
     def empty(cls, num_steps: int, envs: gym.vector.VectorEnv, device: torch.device) -> "Rollout":
         zeros = lambda *shape: torch.zeros((num_steps, envs.num_envs, *shape), device=device)  # noqa: E731
-        act_dim = envs.single_action_space.shape[0]
-        return cls(
-            zeros(*envs.single_observation_space.shape), *(zeros(act_dim) for _ in range(3)), *(zeros() for _ in range(5))
-        )
+        obs_shape, act_dim = envs.single_observation_space.shape, envs.single_action_space.shape[0]
+        return cls(zeros(*obs_shape), zeros(act_dim), zeros(act_dim), zeros(act_dim), *(zeros() for _ in range(5)))
 
     def batch(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, torch.Tensor]:
         """The flat batch `vmpo_update` reads: every field, the advantages and the returns, one row per sample."""
-        return {
-            k: v.reshape(-1, *v.shape[2:]) for k, v in {**vars(self), "advantages": advantages, "returns": returns}.items()
-        }
+        fields = {**vars(self), "advantages": advantages, "returns": returns}
+        return {k: v.reshape(-1, *v.shape[2:]) for k, v in fields.items()}
 
 
 @torch.inference_mode()
 def collect_rollout(agent: Agent, envs, obs_rms, next_obs: torch.Tensor, buf: Rollout) -> tuple[torch.Tensor, list]:
     """Fill `buf`; return the next observation and the finished episodes (env steps into the rollout, return, length)."""
     num_steps, num_envs = buf.rewards.shape
-    episodes, prev_done = [], (torch.maximum(buf.terminated[-1], buf.truncated[-1]) > 0).cpu().numpy()  # last rollout's end
+    # Row 0 follows the previous rollout's last row (all zeros before the first rollout).
+    prev_done, episodes = (torch.maximum(buf.terminated[-1], buf.truncated[-1]) > 0).cpu().numpy(), []
     for step in range(num_steps):
         buf.obs[step] = next_obs
         buf.restarting[step] = torch.as_tensor(~prev_done, dtype=torch.float32)  # 0 after an episode end: a reset step
@@ -386,7 +384,7 @@ def e_step(advantages, restarting_weights, temperature: torch.Tensor, topk_fract
 
 
 def decoupled_kl(mean, log_std, old_mean, old_log_std) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample KLs of the mean, KL(N(old_mean, old_sigma) || N(mean, old_sigma)), and of the covariance."""
+    """Per-sample KL(N(mu_old, sigma_old) || N(mu, sigma_old)) of the mean, KL(... || N(mu_old, sigma)) of the covariance."""
     old_var = (2.0 * old_log_std).exp()
     # LaTeX: D_\mu(s_t) = \sum_j \frac{(\mu_j - \mu^{old}_j)^2}{2(\sigma^{old}_j)^2}
     kl_mu = ((mean - old_mean) ** 2 / (2.0 * old_var)).sum(-1)

@@ -15,13 +15,41 @@ from tests.helpers import check_probe, read_scalars, run_cli, single_run_dir
 SCRIPT = "vmpo_continuous.py"
 WALKER = "dm_control/walker/walk"
 # A tiny walker run: short episodes (so there are episode ends and reset steps), tiny nets.
-TINY = ["--num-envs", "2", "--num-steps", "32", "--m-steps", "2", "--max-episode-steps", "20",
-        "--policy-hidden-sizes", "32", "32", "--value-hidden-sizes", "32", "32", "--eval-episodes", "2", "--no-cuda"]
+TINY = [
+    "--num-envs",
+    "2",
+    "--num-steps",
+    "32",
+    "--m-steps",
+    "2",
+    "--max-episode-steps",
+    "20",
+    "--policy-hidden-sizes",
+    "32",
+    "32",
+    "--value-hidden-sizes",
+    "32",
+    "32",
+    "--eval-episodes",
+    "2",
+    "--no-cuda",
+]
 
 
 def tiny_args(**overrides) -> V.Args:
-    kw = dict(env_id=WALKER, total_timesteps=128, num_envs=2, num_steps=32, m_steps=2, max_episode_steps=20,
-              policy_hidden_sizes=(32, 32), value_hidden_sizes=(32, 32), eval_episodes=2, eval_interval=0, cuda=False)
+    kw = dict(
+        env_id=WALKER,
+        total_timesteps=128,
+        num_envs=2,
+        num_steps=32,
+        m_steps=2,
+        max_episode_steps=20,
+        policy_hidden_sizes=(32, 32),
+        value_hidden_sizes=(32, 32),
+        eval_episodes=2,
+        eval_interval=0,
+        cuda=False,
+    )
     kw.update(overrides)
     return V.Args(**kw)
 
@@ -46,7 +74,9 @@ def test_squashed_log_prob_matches_transformed_distribution():
     mean, log_std = torch.randn(64, 3), torch.randn(64, 3) * 0.5
     u = mean + log_std.exp() * torch.randn(64, 3)
     u = u.clamp(-3, 3)  # keep the reference's own atanh inversion accurate
-    reference = Independent(TransformedDistribution(Normal(mean, log_std.exp()), [TanhTransform(), AffineTransform(bias, scale)]), 1)
+    reference = Independent(
+        TransformedDistribution(Normal(mean, log_std.exp()), [TanhTransform(), AffineTransform(bias, scale)]), 1
+    )
     actions = bias + scale * torch.tanh(u)
     ours = V.gaussian_log_prob(mean, log_std, u) - V.squash_log_det(u, scale)  # the update's log pi(a|s)
     torch.testing.assert_close(ours, reference.log_prob(actions), atol=1e-4, rtol=1e-4)
@@ -62,7 +92,9 @@ def test_squashed_log_prob_matches_transformed_distribution():
 
 def test_gaussian_entropy_matches_torch():
     log_std = torch.randn(10, 4)
-    torch.testing.assert_close(V.gaussian_entropy(log_std), Independent(Normal(torch.zeros(10, 4), log_std.exp()), 1).entropy())
+    torch.testing.assert_close(
+        V.gaussian_entropy(log_std), Independent(Normal(torch.zeros(10, 4), log_std.exp()), 1).entropy()
+    )
 
 
 def diag(mean, log_std):
@@ -196,24 +228,39 @@ def test_m_step_likelihood_loss_matches_loop_and_stops_at_the_clip(m_step):
 
 def synthetic_update(mean_offset: float, log_std_offset: float, temperature_init: float = 1.0):
     torch.manual_seed(5)
-    args = tiny_args(m_steps=1, alpha_lr=1e-2, temperature_lr=1e-2, temperature_init=temperature_init,
-                     epsilon_mu=0.01, epsilon_sigma=0.01, epsilon_eta=0.1)
+    args = tiny_args(
+        m_steps=1,
+        alpha_lr=1e-2,
+        temperature_lr=1e-2,
+        temperature_init=temperature_init,
+        epsilon_mu=0.01,
+        epsilon_sigma=0.01,
+        epsilon_eta=0.1,
+    )
     agent = V.Agent(obs_space(3), box([-1.0, -1.0], [1.0, 1.0]), args)
     duals = V.DualVariables(args.temperature_init, args.alpha_init)
     optimizers = V.build_optimizers(agent, duals, args)
     obs = torch.randn(256, 3)
     with torch.no_grad():
         mean, log_std, _ = agent(obs)
-    batch = {"obs": obs, "actions": torch.rand(256, 2) * 1.8 - 0.9, "means": mean + mean_offset,
-             "log_stds": log_std + log_std_offset, "advantages": torch.randn(256), "returns": torch.randn(256),
-             "restarting": (torch.rand(256) > 0.1).float()}
+    batch = {
+        "obs": obs,
+        "actions": torch.rand(256, 2) * 1.8 - 0.9,
+        "means": mean + mean_offset,
+        "log_stds": log_std + log_std_offset,
+        "advantages": torch.randn(256),
+        "returns": torch.randn(256),
+        "restarting": (torch.rand(256) > 0.1).float(),
+    }
     before = [float(x.detach()) for x in (duals.temperature(), *duals.alphas())]
     # The temperature's dual gradient at the start, from the numpy transcription.
     adv = V.normalize_advantages(batch["advantages"], batch["restarting"]).double().numpy()
     restart = batch["restarting"].double().numpy()
     h = 1e-5
-    grad = (numpy_e_step(adv, restart, before[0] + h, args.topk_fraction, args.epsilon_eta)[3]
-            - numpy_e_step(adv, restart, before[0] - h, args.topk_fraction, args.epsilon_eta)[3]) / (2 * h)
+    grad = (
+        numpy_e_step(adv, restart, before[0] + h, args.topk_fraction, args.epsilon_eta)[3]
+        - numpy_e_step(adv, restart, before[0] - h, args.topk_fraction, args.epsilon_eta)[3]
+    ) / (2 * h)
     V.vmpo_update(agent, duals, optimizers, batch, args)
     after = [float(x.detach()) for x in (duals.temperature(), *duals.alphas())]
     return before, after, grad
@@ -250,13 +297,20 @@ def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_ste
             u = mean + log_std.exp() * torch.randn_like(mean)
         errors.append(float(((mean - optimum) ** 2).mean()))
         advantages = -((u - optimum) ** 2).sum(-1)
-        batch = {"obs": obs, "actions": agent.squash(u), "means": mean, "log_stds": log_std, "returns": advantages,
-                 "advantages": advantages, "restarting": torch.ones(len(obs))}
+        batch = {
+            "obs": obs,
+            "actions": agent.squash(u),
+            "means": mean,
+            "log_stds": log_std,
+            "returns": advantages,
+            "advantages": advantages,
+            "restarting": torch.ones(len(obs)),
+        }
         V.vmpo_update(agent, duals, optimizers, batch, args)
     with torch.no_grad():
         errors.append(float(((agent(obs)[0] - optimum) ** 2).mean()))
     assert errors[0] > 0.05 and errors[-1] < 0.2 * errors[0], errors
-    assert all(b < a for a, b in zip(errors, errors[1:])), errors
+    assert all(b < a for a, b in zip(errors[:-1], errors[1:], strict=True)), errors
 
 
 # ---------------------------------------------------------------------------------
@@ -295,7 +349,10 @@ def brute_returns(r, v, nv, term, trunc, gamma):
 
 def brute_gae(r, v, nv, term, trunc, gamma, lam):
     T, N = r.shape
-    delta = [[float(r[t, n]) + gamma * (1 - float(term[t, n])) * float(nv[t, n]) - float(v[t, n]) for n in range(N)] for t in range(T)]
+    delta = [
+        [float(r[t, n]) + gamma * (1 - float(term[t, n])) * float(nv[t, n]) - float(v[t, n]) for n in range(N)]
+        for t in range(T)
+    ]
     out = torch.zeros(T, N, dtype=torch.float64)
     for n in range(N):
         for t in range(T):
@@ -355,10 +412,30 @@ def test_probe_is_learned(probe, m_step, tmp_path):
     # (tanh(mean) sits above the best E[a] while it is wide), so the policy probes get the budget to settle.
     # A constant lr: with a few dozen updates an annealed one stops the value fit short of its target.
     steps = {1: 1200, 2: 1600, 3: 2400, 4: 8000, 5: 9600}[probe]
-    args = V.Args(env_id=env_id, m_step=m_step, anneal_lr=False, total_timesteps=steps, num_envs=4, num_steps=40, m_steps=8, gamma=PROBE_GAMMA,
-                  policy_hidden_sizes=(32,), value_hidden_sizes=(32,), policy_lr=3e-3, value_lr=3e-3,
-                  temperature_init=1.0, temperature_lr=1e-2, alpha_lr=1e-2, epsilon_mu=0.1, epsilon_sigma=0.01,
-                  max_grad_norm=1.0, eval_interval=0, eval_episodes=2, output_dir=str(tmp_path), cuda=False)
+    args = V.Args(
+        env_id=env_id,
+        m_step=m_step,
+        anneal_lr=False,
+        total_timesteps=steps,
+        num_envs=4,
+        num_steps=40,
+        m_steps=8,
+        gamma=PROBE_GAMMA,
+        policy_hidden_sizes=(32,),
+        value_hidden_sizes=(32,),
+        policy_lr=3e-3,
+        value_lr=3e-3,
+        temperature_init=1.0,
+        temperature_lr=1e-2,
+        alpha_lr=1e-2,
+        epsilon_mu=0.1,
+        epsilon_sigma=0.01,
+        max_grad_norm=1.0,
+        eval_interval=0,
+        eval_episodes=2,
+        output_dir=str(tmp_path),
+        cuda=False,
+    )
     out = V.train(args)
     ckpt = V.load_checkpoint(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), "--checkpoint")
     agent, obs_rms = V.policy_from_checkpoint(ckpt, torch.device("cpu"))
@@ -388,17 +465,50 @@ def test_probe_is_learned(probe, m_step, tmp_path):
 # Real command line, checkpoints, video, wandb
 # ---------------------------------------------------------------------------------
 
-EXPECTED_TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-                 "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/explained_variance", "losses/clipfrac",
-                 "losses/temperature_loss", "losses/alpha_loss", "eval/return_mean", "eval/return_std", "eval/return_min",
-                 "eval/return_max", "eval/length_mean", "kl/mean", "kl/std", "vmpo/temperature", "vmpo/alpha_mu",
-                 "vmpo/alpha_sigma", "vmpo/ess"]
+EXPECTED_TAGS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/explained_variance",
+    "losses/clipfrac",
+    "losses/temperature_loss",
+    "losses/alpha_loss",
+    "eval/return_mean",
+    "eval/return_std",
+    "eval/return_min",
+    "eval/return_max",
+    "eval/length_mean",
+    "kl/mean",
+    "kl/std",
+    "vmpo/temperature",
+    "vmpo/alpha_mu",
+    "vmpo/alpha_sigma",
+    "vmpo/ess",
+]
 
 
 def test_cli_walker_smoke_checkpoint_eval_only_video_and_wandb(tmp_path):
     out_dir = tmp_path / "runs"
-    proc = run_cli(SCRIPT, ["--env-id", WALKER, "--total-timesteps", "128", "--eval-interval", "64", "--track",
-                            "--output-dir", str(out_dir), *TINY], env={"WANDB_MODE": "offline"})
+    proc = run_cli(
+        SCRIPT,
+        [
+            "--env-id",
+            WALKER,
+            "--total-timesteps",
+            "128",
+            "--eval-interval",
+            "64",
+            "--track",
+            "--output-dir",
+            str(out_dir),
+            *TINY,
+        ],
+        env={"WANDB_MODE": "offline"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 128/128 (100.0%)" in proc.stdout and "final eval return" in proc.stdout
     run_dir = single_run_dir(out_dir)
@@ -414,14 +524,29 @@ def test_cli_walker_smoke_checkpoint_eval_only_video_and_wandb(tmp_path):
         assert set(ckpt["optimizers"]) == {"model", "temperature", "alpha"}
     ckpt = torch.load(run_dir / "vmpo_continuous_last.pt", weights_only=True)
     assert ckpt["global_step"] == 128 and ckpt["args"]["env_id"] == WALKER
-    agent, obs_rms = V.policy_from_checkpoint(V.load_checkpoint(str(run_dir / "vmpo_continuous_last.pt"), "--checkpoint"),
-                                              torch.device("cpu"))
+    agent, obs_rms = V.policy_from_checkpoint(
+        V.load_checkpoint(str(run_dir / "vmpo_continuous_last.pt"), "--checkpoint"), torch.device("cpu")
+    )
     np.testing.assert_array_equal(obs_rms.mean, ckpt["obs_rms"]["mean"].numpy())
     assert obs_rms.count > 100 and not np.allclose(obs_rms.mean, 0.0)  # really the trained statistics
 
     eval_dir = tmp_path / "eval"
-    proc = run_cli(SCRIPT, ["--eval-only", "--checkpoint", str(run_dir / "vmpo_continuous_last.pt"), "--eval-episodes", "1",
-                            "--max-episode-steps", "8", "--capture-video", "--output-dir", str(eval_dir), "--no-cuda"])
+    proc = run_cli(
+        SCRIPT,
+        [
+            "--eval-only",
+            "--checkpoint",
+            str(run_dir / "vmpo_continuous_last.pt"),
+            "--eval-episodes",
+            "1",
+            "--max-episode-steps",
+            "8",
+            "--capture-video",
+            "--output-dir",
+            str(eval_dir),
+            "--no-cuda",
+        ],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "evaluated" in proc.stdout and "step 128" in proc.stdout
     eval_run = single_run_dir(eval_dir)
@@ -444,8 +569,11 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
     assert good["global_step"] == 128 and good["iteration"] == 2
     assert good["duals"]["log_temperature"] != torch.load(last, weights_only=True)["duals"]["log_temperature"]
 
-    with pytest.raises(V.TrainingDiverged, match=r"non-finite .* at global step 64 .*last good checkpoint: "
-                                                 r".*vmpo_continuous_last.pt \(step 0\)"):
+    with pytest.raises(
+        V.TrainingDiverged,
+        match=r"non-finite .* at global step 64 .*last good checkpoint: "
+        r".*vmpo_continuous_last.pt \(step 0\)",
+    ):
         V.train(tiny_args(total_timesteps=256, policy_lr=1e30, value_lr=1e30, m_steps=4, output_dir=str(tmp_path / "nan")))
     after = torch.load(single_run_dir(tmp_path / "nan") / "vmpo_continuous_last.pt", weights_only=True)
     assert after["global_step"] == 0  # the NaN weights were not written over it
@@ -457,27 +585,34 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
 # ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(env_id="CartPole-v1"), r"Discrete action space.*ppo_discrete\.py"),
-    (dict(env_id="dm_control/walker"), r"malformed dm_control env id 'dm_control/walker'; accepted forms: 'dm_control/<domain>/<task>'"),
-    (dict(env_id="dm_control/walkr/walk"), r"unknown dm_control domain 'walkr'.*valid domains: .*walker"),
-    (dict(env_id="dm_control/walker/jog"), r"unknown task 'jog' for dm_control domain 'walker'; valid tasks: run, stand, walk"),
-    (dict(env_id="NoSuchEnv-v9"), r"unknown env id 'NoSuchEnv-v9'"),
-    (dict(topk_fraction=0.0), r"--topk-fraction must be in \(0, 1\], got 0.0"),
-    (dict(topk_fraction=1.5), r"--topk-fraction must be in \(0, 1\], got 1.5"),
-    (dict(epsilon_eta=0.0), r"--epsilon-eta must be > 0"),
-    (dict(epsilon_mu=-0.1), r"--epsilon-mu must be > 0"),
-    (dict(epsilon_sigma=0.0), r"--epsilon-sigma must be > 0"),
-    (dict(total_timesteps=10), r"--total-timesteps \(10\) must be >= num_envs \* num_steps \(64\)"),
-    (dict(m_step_clip=1.0), r"--m-step-clip must be in \(0, 1\), got 1.0"),
-    (dict(num_envs=1, num_steps=1, total_timesteps=1, topk_fraction=0.5), r"selects no sample"),
-    (dict(num_envs=0), r"--num-envs must be >= 1"),
-    (dict(eval_only=True), r"--eval-only needs --checkpoint"),
-    (dict(resume="/nonexistent.pt"), r"--resume '/nonexistent.pt': no such file"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(env_id="CartPole-v1"), r"Discrete action space.*ppo_discrete\.py"),
+        (
+            dict(env_id="dm_control/walker"),
+            r"malformed dm_control env id 'dm_control/walker'; accepted forms: 'dm_control/<domain>/<task>'",
+        ),
+        (dict(env_id="dm_control/walkr/walk"), r"unknown dm_control domain 'walkr'.*valid domains: .*walker"),
+        (
+            dict(env_id="dm_control/walker/jog"),
+            r"unknown task 'jog' for dm_control domain 'walker'; valid tasks: run, stand, walk",
+        ),
+        (dict(env_id="NoSuchEnv-v9"), r"unknown env id 'NoSuchEnv-v9'"),
+        (dict(topk_fraction=0.0), r"--topk-fraction must be in \(0, 1\], got 0.0"),
+        (dict(topk_fraction=1.5), r"--topk-fraction must be in \(0, 1\], got 1.5"),
+        (dict(epsilon_eta=0.0), r"--epsilon-eta must be > 0"),
+        (dict(epsilon_mu=-0.1), r"--epsilon-mu must be > 0"),
+        (dict(epsilon_sigma=0.0), r"--epsilon-sigma must be > 0"),
+        (dict(total_timesteps=10), r"--total-timesteps \(10\) must be >= num_envs \* num_steps \(64\)"),
+        (dict(m_step_clip=1.0), r"--m-step-clip must be in \(0, 1\), got 1.0"),
+        (dict(num_envs=1, num_steps=1, total_timesteps=1, topk_fraction=0.5), r"selects no sample"),
+        (dict(num_envs=0), r"--num-envs must be >= 1"),
+        (dict(eval_only=True), r"--eval-only needs --checkpoint"),
+        (dict(resume="/nonexistent.pt"), r"--resume '/nonexistent.pt': no such file"),
+    ],
+)
 def test_bad_input_message(overrides, message, tmp_path):
     with pytest.raises(V.ConfigError, match=message):
         V.train(tiny_args(output_dir=str(tmp_path), **overrides))
     assert not any(tmp_path.iterdir())  # rejected before any work
-
-
