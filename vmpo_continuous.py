@@ -109,8 +109,7 @@ class Args:
     alpha_lr: float = 1e-2
     """learning rate of alpha_mu and alpha_sigma (one step per M-step)"""
     m_step: Literal["seed", "push", "clip"] = "clip"
-    """policy loss of the M-step: seed, the paper's weighted likelihood (a pull toward the top-k samples); push adds a push
-    away from the bottom-k samples until their ratio is below 1 - m_step_clip; clip also stops the pull at 1 + m_step_clip"""
+    """M-step loss: seed, the paper's (a pull to the top k); push adds a bounded push off the bottom k; clip bounds both"""
     m_step_clip: float = 0.2
     """epsilon of the likelihood-ratio bounds of --m-step push and clip"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
