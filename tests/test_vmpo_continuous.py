@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from gymnasium.spaces import Box
 from torch.distributions import AffineTransform, Independent, Normal, TanhTransform, TransformedDistribution, kl_divergence
 
 import vmpo_continuous as V
@@ -14,13 +15,41 @@ from tests.helpers import check_probe, read_scalars, run_cli, single_run_dir
 SCRIPT = "vmpo_continuous.py"
 WALKER = "dm_control/walker/walk"
 # A tiny walker run: short episodes (so there are episode ends and reset steps), tiny nets.
-TINY = ["--num-envs", "2", "--num-steps", "32", "--m-steps", "2", "--max-episode-steps", "20",
-        "--policy-hidden-sizes", "32", "32", "--value-hidden-sizes", "32", "32", "--eval-episodes", "2", "--no-cuda"]
+TINY = [
+    "--num-envs",
+    "2",
+    "--num-steps",
+    "32",
+    "--m-steps",
+    "2",
+    "--max-episode-steps",
+    "20",
+    "--policy-hidden-sizes",
+    "32",
+    "32",
+    "--value-hidden-sizes",
+    "32",
+    "32",
+    "--eval-episodes",
+    "2",
+    "--no-cuda",
+]
 
 
 def tiny_args(**overrides) -> V.Args:
-    kw = dict(env_id=WALKER, total_timesteps=128, num_envs=2, num_steps=32, m_steps=2, max_episode_steps=20,
-              policy_hidden_sizes=(32, 32), value_hidden_sizes=(32, 32), eval_episodes=2, eval_interval=0, cuda=False)
+    kw = dict(
+        env_id=WALKER,
+        total_timesteps=128,
+        num_envs=2,
+        num_steps=32,
+        m_steps=2,
+        max_episode_steps=20,
+        policy_hidden_sizes=(32, 32),
+        value_hidden_sizes=(32, 32),
+        eval_episodes=2,
+        eval_interval=0,
+        cuda=False,
+    )
     kw.update(overrides)
     return V.Args(**kw)
 
@@ -30,6 +59,14 @@ def tiny_args(**overrides) -> V.Args:
 # ---------------------------------------------------------------------------------
 
 
+def box(low, high) -> Box:
+    return Box(np.asarray(low, np.float32), np.asarray(high, np.float32))
+
+
+def obs_space(dim: int) -> Box:
+    return Box(-np.inf, np.inf, (dim,), np.float32)
+
+
 def test_squashed_log_prob_matches_transformed_distribution():
     torch.manual_seed(0)
     low, high = torch.tensor([-1.0, 0.0, -3.0]), torch.tensor([1.0, 2.0, 1.0])
@@ -37,22 +74,27 @@ def test_squashed_log_prob_matches_transformed_distribution():
     mean, log_std = torch.randn(64, 3), torch.randn(64, 3) * 0.5
     u = mean + log_std.exp() * torch.randn(64, 3)
     u = u.clamp(-3, 3)  # keep the reference's own atanh inversion accurate
-    reference = Independent(TransformedDistribution(Normal(mean, log_std.exp()), [TanhTransform(), AffineTransform(bias, scale)]), 1)
+    reference = Independent(
+        TransformedDistribution(Normal(mean, log_std.exp()), [TanhTransform(), AffineTransform(bias, scale)]), 1
+    )
     actions = bias + scale * torch.tanh(u)
-    ours = V.squashed_log_prob(mean, log_std, u, scale)
+    ours = V.gaussian_log_prob(mean, log_std, u) - V.squash_log_det(u, scale)  # the update's log pi(a|s)
     torch.testing.assert_close(ours, reference.log_prob(actions), atol=1e-4, rtol=1e-4)
 
     # Stored env-scale actions go back through the clamped atanh; exact bounds stay finite.
-    agent = V.Agent(2, 3, low.numpy(), high.numpy(), tiny_args())
+    agent = V.Agent(obs_space(2), box(low, high), tiny_args())
     torch.testing.assert_close(agent.unsquash(actions), u, atol=2e-3, rtol=1e-3)
     at_bounds = torch.stack([low, high])
-    lp = V.squashed_log_prob(mean[:2], log_std[:2], agent.unsquash(at_bounds), agent.action_scale)
+    u_bounds = agent.unsquash(at_bounds)
+    lp = V.gaussian_log_prob(mean[:2], log_std[:2], u_bounds) - V.squash_log_det(u_bounds, agent.action_scale)
     assert torch.isfinite(lp).all()
 
 
 def test_gaussian_entropy_matches_torch():
     log_std = torch.randn(10, 4)
-    torch.testing.assert_close(V.gaussian_entropy(log_std), Independent(Normal(torch.zeros(10, 4), log_std.exp()), 1).entropy())
+    torch.testing.assert_close(
+        V.gaussian_entropy(log_std), Independent(Normal(torch.zeros(10, 4), log_std.exp()), 1).entropy()
+    )
 
 
 def diag(mean, log_std):
@@ -79,40 +121,39 @@ def test_decoupled_kls_are_kls_of_the_mixed_gaussians_and_add_up():
 # ---------------------------------------------------------------------------------
 
 
-def numpy_e_step(adv, restart, imp, eta, rho, eps_eta):
+def numpy_e_step(adv, restart, eta, rho, eps_eta):
     """Song et al. (2019) eq. for the top-k weights and the temperature loss, in float64, no shifts."""
-    adv, restart, imp = (np.asarray(x, np.float64) for x in (adv, restart, imp))
+    adv, restart = (np.asarray(x, np.float64) for x in (adv, restart))
     s = restart * adv / eta
     valid = restart > 0
     k = max(1, math.floor(rho * valid.sum()))
     tau = np.sort(s[valid])[::-1][k - 1]
     selected = valid & (s >= tau)
-    psi_tilde = np.where(selected, imp * np.exp(s), 0.0)
+    psi_tilde = np.where(selected, np.exp(s), 0.0)
     psi = psi_tilde / psi_tilde.sum()
     log_mean = np.log(psi_tilde.sum() / selected.sum())
     return psi, selected, tau, eta * (eps_eta + log_mean)
 
 
-@pytest.mark.parametrize("case", ["restarting", "ties", "rho_one", "importance"])
+@pytest.mark.parametrize("case", ["restarting", "ties", "rho_one", "no_reset_steps"])
 def test_e_step_matches_numpy_transcription(case):
     rng = np.random.default_rng(3)
     n = 200
     adv = rng.normal(size=n)
     restart = (rng.random(n) > 0.2).astype(np.float64)
-    imp = np.ones(n)
     rho, eta = 0.5, 0.7
     if case == "ties":
         adv = rng.integers(-3, 4, size=n).astype(np.float64)  # many samples tie at the threshold
     if case == "rho_one":
         rho = 1.0
-    if case == "importance":
-        imp = rng.uniform(0.2, 1.0, size=n)
+    if case == "no_reset_steps":
+        restart = np.ones(n)  # k counts every sample
     adv[np.nonzero(restart == 0)[0][:3]] = 50.0  # huge advantages on reset steps must never be selected
     t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-    out = V.e_step(t(adv), t(restart), t(imp), torch.tensor(eta, dtype=torch.float64), rho, 0.1)
-    psi, selected, tau, dual = numpy_e_step(adv, restart, imp, eta, rho, 0.1)
-    np.testing.assert_array_equal(out["selected"].numpy(), selected)
-    assert not (out["selected"].numpy() & (restart == 0)).any()
+    out = V.e_step(t(adv), t(restart), torch.tensor(eta, dtype=torch.float64), rho, 0.1)
+    psi, selected, tau, dual = numpy_e_step(adv, restart, eta, rho, 0.1)
+    np.testing.assert_array_equal(out["selected_weights"].numpy() > 0, selected)
+    assert not ((out["selected_weights"].numpy() > 0) & (restart == 0)).any()
     np.testing.assert_allclose(out["weights"].numpy(), psi, rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(float(out["threshold"]), tau, rtol=1e-12)
     np.testing.assert_allclose(float(out["dual_loss"]), dual, rtol=1e-10)
@@ -120,16 +161,18 @@ def test_e_step_matches_numpy_transcription(case):
         assert selected.sum() > math.floor(rho * restart.sum())  # ties at tau are all kept
     if case == "rho_one":
         np.testing.assert_array_equal(selected, restart > 0)
+    if case == "no_reset_steps":
+        assert selected.sum() == math.floor(rho * n)  # no ties among normal draws
 
 
 def test_temperature_gradient_matches_numpy_dual():
     rng = np.random.default_rng(4)
-    adv, restart, imp = rng.normal(size=100), (rng.random(100) > 0.1).astype(np.float64), np.ones(100)
+    adv, restart = rng.normal(size=100), (rng.random(100) > 0.1).astype(np.float64)
     eta = torch.tensor(0.8, dtype=torch.float64, requires_grad=True)
-    out = V.e_step(torch.tensor(adv), torch.tensor(restart), torch.tensor(imp), eta, 0.6, 0.2)
+    out = V.e_step(torch.tensor(adv), torch.tensor(restart), eta, 0.6, 0.2)
     out["dual_loss"].backward()
     # The selected set is piecewise constant in eta; the gradient is that of the formula with it held fixed.
-    sel = out["selected"].numpy()
+    sel = out["selected_weights"].numpy() > 0
     dual = lambda e: e * (0.2 + np.log(np.mean(np.exp(adv[sel] / e))))  # noqa: E731
     h = 1e-6
     np.testing.assert_allclose(float(eta.grad), (dual(0.8 + h) - dual(0.8 - h)) / (2 * h), rtol=1e-6)
@@ -159,11 +202,11 @@ def test_m_step_likelihood_loss_matches_loop_and_stops_at_the_clip(m_step):
     n, clip = 300, 0.2
     adv = rng.normal(size=n)
     restart = (rng.random(n) > 0.1).astype(np.float64)
-    ones = torch.ones(n, dtype=torch.float64)
-    psi = V.e_step(torch.tensor(adv), torch.tensor(restart), ones, torch.tensor(0.7, dtype=torch.float64), 0.5, 0.1)["weights"]
-    psi_minus = V.e_step(torch.tensor(-adv), torch.tensor(restart), ones, torch.tensor(0.7, dtype=torch.float64), 0.5, 0.1)["weights"]
+    eta = torch.tensor(0.7, dtype=torch.float64)
+    psi = V.e_step(torch.tensor(adv), torch.tensor(restart), eta, 0.5, 0.1)["weights"]
+    psi_minus = V.e_step(torch.tensor(-adv), torch.tensor(restart), eta, 0.5, 0.1)["weights"]
     # The mirror weights are the numpy transcription's on the negated advantages: exp(-s) over the bottom k.
-    np.testing.assert_allclose(psi_minus.numpy(), numpy_e_step(-adv, restart, np.ones(n), 0.7, 0.5, 0.1)[0], rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(psi_minus.numpy(), numpy_e_step(-adv, restart, 0.7, 0.5, 0.1)[0], rtol=1e-10, atol=1e-14)
     assert float(psi_minus[np.argmin(np.where(restart > 0, adv, np.inf))]) == float(psi_minus.max())
     log_old = torch.tensor(rng.normal(size=n) - 1.0)
     log_ratio = torch.tensor(rng.normal(scale=0.4, size=n), requires_grad=True)  # many samples beyond 1 +- clip
@@ -185,24 +228,39 @@ def test_m_step_likelihood_loss_matches_loop_and_stops_at_the_clip(m_step):
 
 def synthetic_update(mean_offset: float, log_std_offset: float, temperature_init: float = 1.0):
     torch.manual_seed(5)
-    args = tiny_args(m_steps=1, alpha_lr=1e-2, temperature_lr=1e-2, temperature_init=temperature_init,
-                     epsilon_mu=0.01, epsilon_sigma=0.01, epsilon_eta=0.1)
-    agent = V.Agent(3, 2, np.array([-1.0, -1.0]), np.array([1.0, 1.0]), args)
+    args = tiny_args(
+        m_steps=1,
+        alpha_lr=1e-2,
+        temperature_lr=1e-2,
+        temperature_init=temperature_init,
+        epsilon_mu=0.01,
+        epsilon_sigma=0.01,
+        epsilon_eta=0.1,
+    )
+    agent = V.Agent(obs_space(3), box([-1.0, -1.0], [1.0, 1.0]), args)
     duals = V.DualVariables(args.temperature_init, args.alpha_init)
     optimizers = V.build_optimizers(agent, duals, args)
     obs = torch.randn(256, 3)
     with torch.no_grad():
         mean, log_std, _ = agent(obs)
-    batch = {"obs": obs, "actions": torch.rand(256, 2) * 1.8 - 0.9, "means": mean + mean_offset,
-             "log_stds": log_std + log_std_offset, "advantages": torch.randn(256), "returns": torch.randn(256),
-             "restarting_weights": (torch.rand(256) > 0.1).float()}
+    batch = {
+        "obs": obs,
+        "actions": torch.rand(256, 2) * 1.8 - 0.9,
+        "means": mean + mean_offset,
+        "log_stds": log_std + log_std_offset,
+        "advantages": torch.randn(256),
+        "returns": torch.randn(256),
+        "restarting": (torch.rand(256) > 0.1).float(),
+    }
     before = [float(x.detach()) for x in (duals.temperature(), *duals.alphas())]
     # The temperature's dual gradient at the start, from the numpy transcription.
-    adv = V.normalize_advantages(batch["advantages"], batch["restarting_weights"]).double().numpy()
-    restart = batch["restarting_weights"].double().numpy()
+    adv = V.normalize_advantages(batch["advantages"], batch["restarting"]).double().numpy()
+    restart = batch["restarting"].double().numpy()
     h = 1e-5
-    grad = (numpy_e_step(adv, restart, np.ones(256), before[0] + h, args.topk_fraction, args.epsilon_eta)[3]
-            - numpy_e_step(adv, restart, np.ones(256), before[0] - h, args.topk_fraction, args.epsilon_eta)[3]) / (2 * h)
+    grad = (
+        numpy_e_step(adv, restart, before[0] + h, args.topk_fraction, args.epsilon_eta)[3]
+        - numpy_e_step(adv, restart, before[0] - h, args.topk_fraction, args.epsilon_eta)[3]
+    ) / (2 * h)
     V.vmpo_update(agent, duals, optimizers, batch, args)
     after = [float(x.detach()) for x in (duals.temperature(), *duals.alphas())]
     return before, after, grad
@@ -227,7 +285,7 @@ def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_ste
     a few on-policy updates with the default hyperparameters bring the Gaussian mean to u*(s)."""
     torch.manual_seed(0)
     args = V.Args(m_step=m_step)
-    agent = V.Agent(5, 1, np.array([-1.0]), np.array([1.0]), args)
+    agent = V.Agent(obs_space(5), box([-1.0], [1.0]), args)
     duals = V.DualVariables(args.temperature_init, args.alpha_init)
     optimizers = V.build_optimizers(agent, duals, args)
     obs = torch.randn(2048, 5)
@@ -239,13 +297,20 @@ def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_ste
             u = mean + log_std.exp() * torch.randn_like(mean)
         errors.append(float(((mean - optimum) ** 2).mean()))
         advantages = -((u - optimum) ** 2).sum(-1)
-        batch = {"obs": obs, "actions": agent.squash(u), "means": mean, "log_stds": log_std, "returns": advantages,
-                 "advantages": advantages, "restarting_weights": torch.ones(len(obs))}
+        batch = {
+            "obs": obs,
+            "actions": agent.squash(u),
+            "means": mean,
+            "log_stds": log_std,
+            "returns": advantages,
+            "advantages": advantages,
+            "restarting": torch.ones(len(obs)),
+        }
         V.vmpo_update(agent, duals, optimizers, batch, args)
     with torch.no_grad():
         errors.append(float(((agent(obs)[0] - optimum) ** 2).mean()))
     assert errors[0] > 0.05 and errors[-1] < 0.2 * errors[0], errors
-    assert all(b < a for a, b in zip(errors, errors[1:])), errors
+    assert all(b < a for a, b in zip(errors[:-1], errors[1:], strict=True)), errors
 
 
 # ---------------------------------------------------------------------------------
@@ -284,7 +349,10 @@ def brute_returns(r, v, nv, term, trunc, gamma):
 
 def brute_gae(r, v, nv, term, trunc, gamma, lam):
     T, N = r.shape
-    delta = [[float(r[t, n]) + gamma * (1 - float(term[t, n])) * float(nv[t, n]) - float(v[t, n]) for n in range(N)] for t in range(T)]
+    delta = [
+        [float(r[t, n]) + gamma * (1 - float(term[t, n])) * float(nv[t, n]) - float(v[t, n]) for n in range(N)]
+        for t in range(T)
+    ]
     out = torch.zeros(T, N, dtype=torch.float64)
     for n in range(N):
         for t in range(T):
@@ -344,10 +412,30 @@ def test_probe_is_learned(probe, m_step, tmp_path):
     # (tanh(mean) sits above the best E[a] while it is wide), so the policy probes get the budget to settle.
     # A constant lr: with a few dozen updates an annealed one stops the value fit short of its target.
     steps = {1: 1200, 2: 1600, 3: 2400, 4: 8000, 5: 9600}[probe]
-    args = V.Args(env_id=env_id, m_step=m_step, anneal_lr=False, total_timesteps=steps, num_envs=4, num_steps=40, m_steps=8, gamma=PROBE_GAMMA,
-                  policy_hidden_sizes=(32,), value_hidden_sizes=(32,), policy_lr=3e-3, value_lr=3e-3,
-                  temperature_init=1.0, temperature_lr=1e-2, alpha_lr=1e-2, epsilon_mu=0.1, epsilon_sigma=0.01,
-                  max_grad_norm=1.0, eval_interval=0, eval_episodes=2, output_dir=str(tmp_path), cuda=False)
+    args = V.Args(
+        env_id=env_id,
+        m_step=m_step,
+        anneal_lr=False,
+        total_timesteps=steps,
+        num_envs=4,
+        num_steps=40,
+        m_steps=8,
+        gamma=PROBE_GAMMA,
+        policy_hidden_sizes=(32,),
+        value_hidden_sizes=(32,),
+        policy_lr=3e-3,
+        value_lr=3e-3,
+        temperature_init=1.0,
+        temperature_lr=1e-2,
+        alpha_lr=1e-2,
+        epsilon_mu=0.1,
+        epsilon_sigma=0.01,
+        max_grad_norm=1.0,
+        eval_interval=0,
+        eval_episodes=2,
+        output_dir=str(tmp_path),
+        cuda=False,
+    )
     out = V.train(args)
     ckpt = V.load_checkpoint(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), "--checkpoint")
     agent, obs_rms = V.policy_from_checkpoint(ckpt, torch.device("cpu"))
@@ -377,20 +465,50 @@ def test_probe_is_learned(probe, m_step, tmp_path):
 # Real command line, checkpoints, video, wandb
 # ---------------------------------------------------------------------------------
 
-EXPECTED_TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-                 "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/explained_variance",
-                 "eval/return_mean", "eval/return_std", "eval/return_min", "eval/return_max", "eval/length_mean",
-                 "kl/mean", "kl/std", "kl/mean_sel", "kl/std_sel", "loss/total", "loss/value", "loss/policy",
-                 "loss/policy_weighted_nll", "loss/policy_kl_mean_pen", "loss/policy_kl_std_pen", "loss/alpha",
-                 "vmpo/alpha_mu", "vmpo/alpha_sigma", "vmpo/dual_loss", "vmpo/temperature_raw", "vmpo/selected_frac",
-                 "vmpo/threshold", "vmpo/ess", "vmpo/restarting_frac", "train/entropy", "train/param_delta",
-                 "train/mean_abs_action", "adv/raw_mean", "returns/raw_mean", "value/explained_var"]
+EXPECTED_TAGS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/explained_variance",
+    "losses/clipfrac",
+    "losses/temperature_loss",
+    "losses/alpha_loss",
+    "eval/return_mean",
+    "eval/return_std",
+    "eval/return_min",
+    "eval/return_max",
+    "eval/length_mean",
+    "kl/mean",
+    "kl/std",
+    "vmpo/temperature",
+    "vmpo/alpha_mu",
+    "vmpo/alpha_sigma",
+    "vmpo/ess",
+]
 
 
 def test_cli_walker_smoke_checkpoint_eval_only_video_and_wandb(tmp_path):
     out_dir = tmp_path / "runs"
-    proc = run_cli(SCRIPT, ["--env-id", WALKER, "--total-timesteps", "128", "--eval-interval", "64", "--track",
-                            "--output-dir", str(out_dir), *TINY], env={"WANDB_MODE": "offline"})
+    proc = run_cli(
+        SCRIPT,
+        [
+            "--env-id",
+            WALKER,
+            "--total-timesteps",
+            "128",
+            "--eval-interval",
+            "64",
+            "--track",
+            "--output-dir",
+            str(out_dir),
+            *TINY,
+        ],
+        env={"WANDB_MODE": "offline"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 128/128 (100.0%)" in proc.stdout and "final eval return" in proc.stdout
     run_dir = single_run_dir(out_dir)
@@ -406,14 +524,29 @@ def test_cli_walker_smoke_checkpoint_eval_only_video_and_wandb(tmp_path):
         assert set(ckpt["optimizers"]) == {"model", "temperature", "alpha"}
     ckpt = torch.load(run_dir / "vmpo_continuous_last.pt", weights_only=True)
     assert ckpt["global_step"] == 128 and ckpt["args"]["env_id"] == WALKER
-    agent, obs_rms = V.policy_from_checkpoint(V.load_checkpoint(str(run_dir / "vmpo_continuous_last.pt"), "--checkpoint"),
-                                              torch.device("cpu"))
+    agent, obs_rms = V.policy_from_checkpoint(
+        V.load_checkpoint(str(run_dir / "vmpo_continuous_last.pt"), "--checkpoint"), torch.device("cpu")
+    )
     np.testing.assert_array_equal(obs_rms.mean, ckpt["obs_rms"]["mean"].numpy())
     assert obs_rms.count > 100 and not np.allclose(obs_rms.mean, 0.0)  # really the trained statistics
 
     eval_dir = tmp_path / "eval"
-    proc = run_cli(SCRIPT, ["--eval-only", "--checkpoint", str(run_dir / "vmpo_continuous_last.pt"), "--eval-episodes", "1",
-                            "--max-episode-steps", "8", "--capture-video", "--output-dir", str(eval_dir), "--no-cuda"])
+    proc = run_cli(
+        SCRIPT,
+        [
+            "--eval-only",
+            "--checkpoint",
+            str(run_dir / "vmpo_continuous_last.pt"),
+            "--eval-episodes",
+            "1",
+            "--max-episode-steps",
+            "8",
+            "--capture-video",
+            "--output-dir",
+            str(eval_dir),
+            "--no-cuda",
+        ],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "evaluated" in proc.stdout and "step 128" in proc.stdout
     eval_run = single_run_dir(eval_dir)
@@ -436,8 +569,11 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
     assert good["global_step"] == 128 and good["iteration"] == 2
     assert good["duals"]["log_temperature"] != torch.load(last, weights_only=True)["duals"]["log_temperature"]
 
-    with pytest.raises(V.TrainingDiverged, match=r"non-finite .* at global step 64 .*last good checkpoint: "
-                                                 r".*vmpo_continuous_last.pt \(step 0\)"):
+    with pytest.raises(
+        V.TrainingDiverged,
+        match=r"non-finite .* at global step 64 .*last good checkpoint: "
+        r".*vmpo_continuous_last.pt \(step 0\)",
+    ):
         V.train(tiny_args(total_timesteps=256, policy_lr=1e30, value_lr=1e30, m_steps=4, output_dir=str(tmp_path / "nan")))
     after = torch.load(single_run_dir(tmp_path / "nan") / "vmpo_continuous_last.pt", weights_only=True)
     assert after["global_step"] == 0  # the NaN weights were not written over it
@@ -449,27 +585,34 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
 # ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(env_id="CartPole-v1"), r"Discrete action space.*ppo_discrete\.py"),
-    (dict(env_id="dm_control/walker"), r"malformed dm_control env id 'dm_control/walker'; accepted forms: 'dm_control/<domain>/<task>'"),
-    (dict(env_id="dm_control/walkr/walk"), r"unknown dm_control domain 'walkr'.*valid domains: .*walker"),
-    (dict(env_id="dm_control/walker/jog"), r"unknown task 'jog' for dm_control domain 'walker'; valid tasks: run, stand, walk"),
-    (dict(env_id="NoSuchEnv-v9"), r"unknown env id 'NoSuchEnv-v9'"),
-    (dict(topk_fraction=0.0), r"--topk-fraction must be in \(0, 1\], got 0.0"),
-    (dict(topk_fraction=1.5), r"--topk-fraction must be in \(0, 1\], got 1.5"),
-    (dict(epsilon_eta=0.0), r"--epsilon-eta must be > 0"),
-    (dict(epsilon_mu=-0.1), r"--epsilon-mu must be > 0"),
-    (dict(epsilon_sigma=0.0), r"--epsilon-sigma must be > 0"),
-    (dict(total_timesteps=10), r"--total-timesteps \(10\) must be >= num_envs \* num_steps \(64\)"),
-    (dict(m_step_clip=1.0), r"--m-step-clip must be in \(0, 1\), got 1.0"),
-    (dict(num_envs=1, num_steps=1, total_timesteps=1, topk_fraction=0.5), r"selects no sample"),
-    (dict(num_envs=0), r"--num-envs must be >= 1"),
-    (dict(eval_only=True), r"--eval-only needs --checkpoint"),
-    (dict(resume="/nonexistent.pt"), r"--resume '/nonexistent.pt': no such file"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(env_id="CartPole-v1"), r"Discrete action space.*ppo_discrete\.py"),
+        (
+            dict(env_id="dm_control/walker"),
+            r"malformed dm_control env id 'dm_control/walker'; accepted forms: 'dm_control/<domain>/<task>'",
+        ),
+        (dict(env_id="dm_control/walkr/walk"), r"unknown dm_control domain 'walkr'.*valid domains: .*walker"),
+        (
+            dict(env_id="dm_control/walker/jog"),
+            r"unknown task 'jog' for dm_control domain 'walker'; valid tasks: run, stand, walk",
+        ),
+        (dict(env_id="NoSuchEnv-v9"), r"unknown env id 'NoSuchEnv-v9'"),
+        (dict(topk_fraction=0.0), r"--topk-fraction must be in \(0, 1\], got 0.0"),
+        (dict(topk_fraction=1.5), r"--topk-fraction must be in \(0, 1\], got 1.5"),
+        (dict(epsilon_eta=0.0), r"--epsilon-eta must be > 0"),
+        (dict(epsilon_mu=-0.1), r"--epsilon-mu must be > 0"),
+        (dict(epsilon_sigma=0.0), r"--epsilon-sigma must be > 0"),
+        (dict(total_timesteps=10), r"--total-timesteps \(10\) must be >= num_envs \* num_steps \(64\)"),
+        (dict(m_step_clip=1.0), r"--m-step-clip must be in \(0, 1\), got 1.0"),
+        (dict(num_envs=1, num_steps=1, total_timesteps=1, topk_fraction=0.5), r"selects no sample"),
+        (dict(num_envs=0), r"--num-envs must be >= 1"),
+        (dict(eval_only=True), r"--eval-only needs --checkpoint"),
+        (dict(resume="/nonexistent.pt"), r"--resume '/nonexistent.pt': no such file"),
+    ],
+)
 def test_bad_input_message(overrides, message, tmp_path):
     with pytest.raises(V.ConfigError, match=message):
         V.train(tiny_args(output_dir=str(tmp_path), **overrides))
     assert not any(tmp_path.iterdir())  # rejected before any work
-
-
