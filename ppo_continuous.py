@@ -7,12 +7,10 @@ enter the env. A truncated episode (every dm_control episode) bootstraps from it
 
     python ppo_continuous.py --env-id dm_control/walker/walk
     python ppo_continuous.py --env-id dm_control/cartpole/swingup --total-timesteps 500000 --track
-    python ppo_continuous.py --env-id HalfCheetah-v5 --num-envs 1 --num-steps 2048 --num-minibatches 32
     python ppo_continuous.py --resume runs/<run>/ppo_continuous_last.pt --total-timesteps 2000000
     python ppo_continuous.py --eval-only --checkpoint runs/<run>/ppo_continuous_best.pt --capture-video
 
-`--help` lists every option. The math: `docs/ppo_continuous.md` (the whole file, each `# LaTeX:` formula
-rendered inline) and `docs/ppo_continuous_annotations.md` (each formula with the code around it).
+`--help` lists every option. The math: `docs/ppo_continuous.md` (inline), `docs/ppo_continuous_annotations.md`.
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, replace
 
 import gymnasium as gym
+import imageio
 import numpy as np
 import torch
 import torch.nn as nn
@@ -133,9 +132,6 @@ class TrainingDiverged(RuntimeError):
 # ---------------------------------------------------------------------------------------
 # Network
 # ---------------------------------------------------------------------------------------
-LOG_2PI = math.log(2.0 * math.pi)
-
-
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2.0)) -> nn.Linear:
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, 0.0)
@@ -167,13 +163,13 @@ class Agent(nn.Module):
 def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Log-density of a diagonal Gaussian at `x`, summed over action dimensions."""
     # LaTeX: \log \pi_\theta(a \mid s) = -\sum_j (\frac{(a_j - \mu_j)^2}{2 \sigma_j^2} + \log \sigma_j) - \frac{d}{2} \log 2\pi
-    return -(((x - mean) * torch.exp(-log_std)).pow(2).mul(0.5) + log_std + 0.5 * LOG_2PI).sum(-1)
+    return -(((x - mean) * torch.exp(-log_std)).pow(2).mul(0.5) + log_std + 0.5 * math.log(2.0 * math.pi)).sum(-1)
 
 
 def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
     """Entropy of the diagonal Gaussian; the std is state-independent, so so is the entropy."""
     # LaTeX: \mathcal{H}[\pi_\theta(\cdot \mid s)] = \sum_j \left(\log \sigma_j + \frac{1}{2} \log (2 \pi e)\right)
-    return (log_std + 0.5 * (LOG_2PI + 1.0)).sum(-1)
+    return (log_std + 0.5 * (math.log(2.0 * math.pi) + 1.0)).sum(-1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -199,19 +195,14 @@ class Rollout:
 
 
 class RolloutPolicy:
-    """A numpy snapshot of the agent for the rollout (on a CPU, cheaper than the same torch calls); `sync`
-    refreshes it after every update. The noise comes from numpy's global RNG (saved in checkpoints)."""
+    """A numpy copy of the agent for the rollout: cheaper than torch on a CPU. Noise from numpy's global RNG."""
 
     def __init__(self, agent: Agent):
-        self.sync(agent)
-
-    def sync(self, agent: Agent) -> None:
         def layers(net: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
             return [(m.weight.detach().cpu().numpy().T.copy(), m.bias.detach().cpu().numpy().copy()) for m in net[::2]]
 
         self.actor, self.critic = layers(agent.actor_mean), layers(agent.critic)
         self.log_std = agent.actor_logstd.detach().cpu().numpy().astype(np.float32)
-        self.std = np.exp(self.log_std)
 
     @staticmethod
     def mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
@@ -227,10 +218,10 @@ class RolloutPolicy:
         mean = self.mlp(self.actor, obs)
         noise = np.random.standard_normal(mean.shape).astype(np.float32)
         # LaTeX: a_t = \mu_\theta(s_t) + \sigma \odot \xi_t, \quad \xi_t \sim \mathcal{N}(0, I)
-        action = mean + self.std * noise
+        action = mean + np.exp(self.log_std) * noise
         # gaussian_log_prob's density written with the noise, since (a - mu) / sigma = xi.
         # LaTeX: \log \pi_\theta(a_t \mid s_t) = -\frac{1}{2} \|\xi_t\|^2 - \sum_j \log \sigma_j - \frac{d}{2} \log 2\pi
-        logprob = -0.5 * np.square(noise).sum(-1) - (self.log_std.sum() + 0.5 * LOG_2PI * mean.shape[-1])
+        logprob = -0.5 * np.square(noise).sum(-1) - (self.log_std.sum() + 0.5 * math.log(2.0 * math.pi) * mean.shape[-1])
         return action, logprob, self.value(obs)
 
 
@@ -255,8 +246,7 @@ def collect_rollout(policy: RolloutPolicy, envs, obs: np.ndarray, obs_rms, scale
             returns, lengths = returns + episode["r"][counted].tolist(), lengths + episode["l"][counted].tolist()
     # V(s_{t+1}) is the next stored value unless the episode ended at t (then V of its final obs, stored above).
     following = np.concatenate([rollout.values[1:], policy.value(obs)[None]])
-    ended = (rollout.terminated > 0) | (rollout.truncated > 0)
-    rollout.next_values[:] = np.where(ended, rollout.next_values, following)
+    rollout.next_values[:] = np.where(rollout.terminated + rollout.truncated > 0, rollout.next_values, following)
     return obs, returns, lengths
 
 
@@ -326,11 +316,10 @@ def make_optimizer(agent: Agent, args: Args) -> torch.optim.Optimizer:
 
 
 def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], args: Args) -> dict:
-    """Epochs of minibatch steps on the clipped surrogate; returns diagnostics (means over minibatches). The batch
-    is packed into one (B, columns) tensor: one gather per epoch, contiguous minibatches (cheap on a CPU)."""
+    """Epochs of minibatch steps on the clipped surrogate; returns the diagnostics' means over minibatches."""
     size = batch["advantages"].numel()
     columns = [batch[k].reshape(size, -1) for k in ("obs", "actions", "logprobs", "advantages", "returns", "values")]
-    packed, widths = torch.cat(columns, 1), [c.shape[1] for c in columns]
+    packed, widths = torch.cat(columns, 1), [c.shape[1] for c in columns]  # one gather per epoch shuffles all
     losses, logratios = [], []  # detached, per minibatch: the diagnostics are computed once at the end
     for epoch in range(1, args.update_epochs + 1):  # noqa: B007  (`epoch` is reported)
         shuffled = packed[torch.randperm(size, device=packed.device)]
@@ -395,16 +384,20 @@ class Run:
 
             wandb.finish()
 
+    def summary(self, step: int, returns: np.ndarray, best: float, train_sps: float, wall_time: float) -> dict:
+        keys = ("run_dir", "global_step", "final_eval_return", "final_eval_std", "best_eval_return", "train_sps", "wall_time")
+        values = (self.run_dir, step, float(returns.mean()), float(returns.std()), best, train_sps, wall_time)
+        return dict(zip(keys, values, strict=True))
+
 
 def set_up(args: Args) -> Run:
     """Checks, seeds, run dir, logging, envs, agent; a checkpoint's state when resuming or evaluating."""
     gl_backend = choose_gl_backend(args.capture_video)  # before anything imports mujoco
     if args.eval_only and args.checkpoint is None:
         raise ConfigError("--eval-only needs --checkpoint PATH")
-    ckpt = None
-    if args.eval_only or args.resume:
-        ckpt = load_checkpoint(*((args.checkpoint, "--checkpoint") if args.eval_only else (args.resume, "--resume")))
-        args = args_with_checkpoint(args, ckpt)  # the checkpoint's hyperparameters and env
+    path, flag = (args.checkpoint, "--checkpoint") if args.eval_only else (args.resume, "--resume")
+    ckpt = load_checkpoint(path, flag) if path else None
+    args = args_with_checkpoint(args, ckpt) if ckpt else args  # the checkpoint's hyperparameters and env
     if args.resume and args.total_timesteps // (args.num_envs * args.num_steps) <= ckpt["iteration"]:
         raise ConfigError(
             f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's "
@@ -458,15 +451,12 @@ def train(args: Args) -> dict:
     if args.eval_only:
         return evaluate_checkpoint(run)  # closes run
     args, writer = run.args, run.writer  # with --resume, the checkpoint's hyperparameters
-    batch = args.num_envs * args.num_steps
-    num_iterations = args.total_timesteps // batch  # whole rollouts only
-    end = num_iterations * batch
+    batch, total = args.num_envs * args.num_steps, args.total_timesteps
+    num_iterations, end = total // batch, total // batch * batch  # whole rollouts only
     if run.iteration > 0:
         print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; training to step {end}")
-    elif end != args.total_timesteps:
-        print(
-            f"training to step {end}: --total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch} steps"
-        )
+    elif end != total:
+        print(f"training to step {end}: --total-timesteps {total} rounded down to whole rollouts of {batch} steps")
     rollout = Rollout.empty(args.num_steps, run.envs)
     policy, progress, recent_returns = RolloutPolicy(run.agent), Progress(args.total_timesteps), deque(maxlen=20)
     global_step, saved_step, last_eval, train_time = run.global_step, run.global_step, None, 0.0
@@ -491,7 +481,7 @@ def train(args: Args) -> dict:
             )
             # Update.
             stats = ppo_update(run.agent, run.optimizer, b, args)
-            policy.sync(run.agent)
+            policy = RolloutPolicy(run.agent)
             # Save _last.pt before logging: Ctrl-C from here on keeps this update.
             save_checkpoint(run.last_path, run, global_step, iteration, last_eval)
             saved_step, train_time = global_step, train_time + time.perf_counter() - tick
@@ -506,7 +496,6 @@ def train(args: Args) -> dict:
                 writer.add_scalar("charts/episodic_length", np.mean(ep_lengths), global_step)
             writer.add_scalar("charts/learning_rate", run.optimizer.param_groups[0]["lr"], global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/action_std", run.agent.actor_logstd.exp().mean().item(), global_step)
             # Evaluate and save: every eval_interval steps, and at the end.
             if iteration == num_iterations or (args.eval_interval > 0 and global_step % args.eval_interval < batch):
                 video_name = f"eval-step-{global_step}" if args.capture_video else None
@@ -522,21 +511,13 @@ def train(args: Args) -> dict:
     except TrainingDiverged as e:
         raise TrainingDiverged(f"{e} at global step {global_step}; stopped. Last good checkpoint: {run.last_path}") from None
     except KeyboardInterrupt:
-        # _last already holds the last completed update (an interrupted one is dropped).
         print(f"\ninterrupted; the last checkpoint, at step {saved_step} (the last trained step), is {run.last_path}")
         raise
     finally:
         run.close()
     print(f"final eval at step {global_step}: return {last_eval:.1f} ± {returns.std():.1f}; checkpoints in {run.run_dir}")
     sps = (global_step - run.global_step) / max(train_time, 1e-8)
-    return summary(run, global_step, returns, run.best_eval_return, sps, train_time)
-
-
-def summary(run: Run, step: int, returns: np.ndarray, best: float, train_sps: float, wall_time: float) -> dict:
-    """What `train` returns (the last evaluation's return, the best one, the step, the run dir, SPS, time)."""
-    keys = ("run_dir", "global_step", "final_eval_return", "final_eval_std", "best_eval_return", "train_sps", "wall_time")
-    values = (run.run_dir, step, float(returns.mean()), float(returns.std()), best, train_sps, wall_time)
-    return dict(zip(keys, values, strict=True))
+    return run.summary(global_step, returns, run.best_eval_return, sps, train_time)
 
 
 def format_duration(seconds: float) -> str:
@@ -562,6 +543,9 @@ class Progress:
 # Environments
 # ---------------------------------------------------------------------------------------
 DM_CONTROL_FORMS = "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0 (e.g. dm_control/walker/walk)"
+# Headless MuJoCo rendering: each MUJOCO_GL backend and the shared library it loads, in order of preference.
+GL_BACKENDS = (("egl", ("libEGL.so.1",)), ("osmesa", ("libOSMesa.so.8", "libOSMesa.so.6", "libOSMesa.so")))
+GL_PACKAGES = "Mesa's EGL (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0) or OSMesa (apt-get install libosmesa6)"
 
 
 def resolve_env_id(env_id: str) -> str:
@@ -590,11 +574,6 @@ def resolve_env_id(env_id: str) -> str:
     return env_id
 
 
-# Headless MuJoCo rendering: each MUJOCO_GL backend and the shared library it loads, in order of preference.
-GL_BACKENDS = (("egl", ("libEGL.so.1",)), ("osmesa", ("libOSMesa.so.8", "libOSMesa.so.6", "libOSMesa.so")))
-GL_PACKAGES = "Mesa's EGL (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0) or OSMesa (apt-get install libosmesa6)"
-
-
 def library_loads(names: tuple[str, ...]) -> bool:
     for name in names:
         try:
@@ -605,21 +584,13 @@ def library_loads(names: tuple[str, ...]) -> bool:
 
 
 def choose_gl_backend(capture_video: bool) -> str | None:
-    """Set MUJOCO_GL before anything imports mujoco; return the backend (None: none loads). The user's own
-    MUJOCO_GL wins; without video nothing is rendered ('disable'); for video, the first of GL_BACKENDS that loads."""
-    if "MUJOCO_GL" in os.environ:
-        return os.environ["MUJOCO_GL"]
-    if not capture_video:
-        os.environ["MUJOCO_GL"] = "disable"
-        return "disable"
-    if sys.platform != "linux":
-        return "default"  # macOS / Windows: MuJoCo's own windowing backend
-    for backend, libraries in GL_BACKENDS:
-        if library_loads(libraries):
-            os.environ["MUJOCO_GL"] = backend
-            return backend
-    os.environ["MUJOCO_GL"] = "disable"  # mujoco still imports; check_video names what to install
-    return None
+    """Set MUJOCO_GL before mujoco is imported: the user's wins; 'disable' without video; for video, the first of
+    GL_BACKENDS whose library loads (None if none does: mujoco still imports, and check_video names what to install)."""
+    if "MUJOCO_GL" in os.environ or (capture_video and sys.platform != "linux"):
+        return os.environ.get("MUJOCO_GL", "default")  # "default": MuJoCo's own windowing (macOS, Windows)
+    backend = next((name for name, libraries in GL_BACKENDS if library_loads(libraries)), None) if capture_video else "disable"
+    os.environ["MUJOCO_GL"] = backend or "disable"
+    return backend
 
 
 def check_video(env_id: str, gym_id: str, gl_backend: str | None) -> None:
@@ -647,8 +618,7 @@ class RecordEpisodeVideo(gym.Wrapper):
     def __init__(self, env: gym.Env, video_dir: str):
         super().__init__(env)
         self.video_dir, self.name, self.frames = video_dir, None, None
-        dt = getattr(env.unwrapped, "dt", None)
-        self.fps = 1 / dt if dt else env.metadata.get("render_fps", 30)
+        self.fps = 1 / env.unwrapped.dt if getattr(env.unwrapped, "dt", None) else env.metadata.get("render_fps", 30)
 
     def start(self, name: str) -> None:
         self.name = name  # recording starts at the next reset: whole episodes only
@@ -663,8 +633,6 @@ class RecordEpisodeVideo(gym.Wrapper):
         if self.frames is not None:
             self.frames.append(self.env.render())
             if out[2] or out[3]:  # terminated or truncated
-                import imageio
-
                 os.makedirs(self.video_dir, exist_ok=True)
                 imageio.mimsave(f"{self.video_dir}/{self.name}.mp4", self.frames, fps=self.fps, macro_block_size=1)
                 self.name, self.frames = None, None
@@ -672,8 +640,7 @@ class RecordEpisodeVideo(gym.Wrapper):
 
 
 def make_vector_env(args: Args, num_envs: int, seed: int, video_dir: str | None = None) -> gym.vector.VectorEnv:
-    """Flat observations, episode statistics, env 0 filmed into `video_dir`. SAME_STEP autoreset: the step that
-    ends an episode returns the next one's first observation, the real final one in `infos["final_obs"]`."""
+    """Flat float observations, episode statistics, env 0 filmed into `video_dir`; SAME_STEP autoreset."""
 
     def make_env(video_dir: str | None) -> gym.Env:
         env = gym.make(resolve_env_id(args.env_id), **({"render_mode": "rgb_array"} if video_dir else {}))
@@ -707,12 +674,10 @@ class RunningMeanStd:
         return {"mean": as_tensor(self.mean), "var": as_tensor(self.var), "count": float(self.count)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var = np.array(state["mean"].numpy()), np.array(state["var"].numpy())
-        self.count = float(state["count"])
+        self.mean, self.var, self.count = np.array(state["mean"].numpy()), np.array(state["var"].numpy()), state["count"]
 
 
 def normalize(obs: np.ndarray, obs_rms: RunningMeanStd | None) -> np.ndarray:
-    """The networks' input: float32 observations, normalized by `obs_rms` (--norm-obs)."""
     if obs_rms is None:
         return obs.astype(np.float32)
     # LaTeX: \tilde{o} = \mathrm{clip}\left(\frac{o - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, -10, 10\right)
@@ -742,13 +707,12 @@ def evaluate(agent: Agent, envs, obs_rms: RunningMeanStd, device: torch.device, 
     """One episode per eval env with the deterministic policy (the Gaussian mean); `obs_rms` is not updated."""
     if video_name is not None:
         envs.envs[0].get_wrapper_attr("start")(video_name)
-    low, high = envs.single_action_space.low, envs.single_action_space.high
     obs, _ = envs.reset(seed=seed)
     returns, lengths = np.full(envs.num_envs, np.nan), np.zeros(envs.num_envs)
     while np.isnan(returns).any():
         with torch.inference_mode():
             action = agent.actor_mean(torch.from_numpy(normalize(obs, obs_rms)).to(device)).cpu().numpy()
-        obs, _, _, _, infos = envs.step(np.clip(action, low, high))
+        obs, _, _, _, infos = envs.step(np.clip(action, envs.single_action_space.low, envs.single_action_space.high))
         if "final_info" in infos and "_episode" in infos["final_info"]:
             first = infos["final_info"]["_episode"] & np.isnan(returns)
             returns[first] = infos["final_info"]["episode"]["r"][first]
@@ -770,9 +734,8 @@ def evaluate_checkpoint(run: Run) -> dict:
         log_eval(run.writer, returns, lengths, step)
     finally:
         run.close()
-    mean, std = returns.mean(), returns.std()
-    print(f"eval of {args.checkpoint} (step {step}): return {mean:.2f} ± {std:.2f} over {len(returns)} episodes")
-    return summary(run, step, returns, float(returns.mean()), 0.0, 0.0)
+    print(f"eval of {args.checkpoint} (step {step}): return {returns.mean():.1f} ± {returns.std():.1f}")
+    return run.summary(step, returns, float(returns.mean()), 0.0, 0.0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -843,8 +806,10 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     for name in ("ent_coef", "vf_coef"):
         require(getattr(args, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     for name in ("policy_hidden_sizes", "value_hidden_sizes"):
-        sizes = getattr(args, name)
-        require(len(sizes) > 0 and min(sizes) > 0, f"--{name.replace('_', '-')} must be positive sizes, got {sizes}")
+        require(
+            min(getattr(args, name), default=0) > 0,
+            f"--{name.replace('_', '-')} must be positive sizes, got {getattr(args, name)}",
+        )
     batch = args.num_envs * args.num_steps
     require(batch % args.num_minibatches == 0, f"--num-minibatches {args.num_minibatches} must divide the batch {batch}")
     require(args.total_timesteps >= batch, f"--total-timesteps {args.total_timesteps} is less than one batch ({batch})")

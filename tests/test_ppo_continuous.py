@@ -62,9 +62,9 @@ def test_rollout_policy_matches_the_agent_and_its_log_prob_is_of_the_returned_ac
         torch.testing.assert_close(torch.from_numpy(logprob), reference.log_prob(torch.from_numpy(action)).sum(-1))
         torch.testing.assert_close(torch.from_numpy(value), agent.critic(torch.from_numpy(obs)).squeeze(-1))
     assert np.abs(action - mean.numpy()).mean() > 0.1  # sampled, not the mean
-    with torch.no_grad():  # sync picks up new weights
+    with torch.no_grad():  # a new snapshot picks up new weights
         agent.critic[0].bias.add_(1.0)
-    policy.sync(agent)
+    policy = pc.RolloutPolicy(agent)
     torch.testing.assert_close(torch.from_numpy(policy.value(obs)), agent.critic(torch.from_numpy(obs)).squeeze(-1).detach())
 
 
