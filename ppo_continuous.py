@@ -227,8 +227,7 @@ class RolloutPolicy:
 
 def collect_rollout(policy: RolloutPolicy, envs, obs: np.ndarray, obs_rms, scale_reward, rollout: Rollout) -> tuple:
     """Fill `rollout`, updating `obs_rms`; return the next observation and the ended episodes' returns, lengths."""
-    low, high = envs.single_action_space.low, envs.single_action_space.high
-    returns, lengths = [], []
+    (low, high), returns, lengths = (envs.single_action_space.low, envs.single_action_space.high), [], []
     for t in range(len(rollout.obs)):
         rollout.obs[t] = obs
         rollout.actions[t], rollout.logprobs[t], rollout.values[t] = policy.act(obs)
@@ -468,6 +467,7 @@ def train(args: Args) -> dict:
         save_checkpoint(run.last_path, run, global_step, run.iteration, last_eval)  # always the last completed update
         for iteration in range(run.iteration + 1, num_iterations + 1):
             tick = time.perf_counter()
+            # Anneal the learning rate.
             if args.anneal_lr:
                 # LaTeX: \alpha_u = \alpha_0 \left(1 - \frac{u - 1}{U}\right)
                 run.optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
