@@ -22,8 +22,18 @@ SCRIPT = "ppo_continuous.py"
 
 def tiny_args(tmp_path: Path, **overrides) -> pc.Args:
     """A run small enough for a unit test; eval-only at the end unless told otherwise."""
-    base = dict(env_id="Pendulum-v1", total_timesteps=512, num_envs=2, num_steps=128, num_minibatches=4,
-                update_epochs=2, eval_interval=0, eval_episodes=1, output_dir=str(tmp_path), cuda=False)
+    base = dict(
+        env_id="Pendulum-v1",
+        total_timesteps=512,
+        num_envs=2,
+        num_steps=128,
+        num_minibatches=4,
+        update_epochs=2,
+        eval_interval=0,
+        eval_episodes=1,
+        output_dir=str(tmp_path),
+        cuda=False,
+    )
     return pc.Args(**{**base, **overrides})
 
 
@@ -31,7 +41,7 @@ def load_agent(run_dir: Path, name: str = "ppo_continuous_last.pt"):
     ckpt = torch.load(run_dir / name, map_location="cpu", weights_only=True)
     a = ckpt["args"]
     obs_dim, act_dim = ckpt["obs_rms"]["mean"].numel(), ckpt["agent"]["actor_logstd"].numel()
-    agent = pc.Agent(obs_dim, act_dim, tuple(a["actor_hidden_sizes"]), tuple(a["critic_hidden_sizes"]))
+    agent = pc.Agent(obs_dim, act_dim, tuple(a["policy_hidden_sizes"]), tuple(a["value_hidden_sizes"]))
     agent.load_state_dict(ckpt["agent"])
     return agent, ckpt
 
@@ -39,6 +49,7 @@ def load_agent(run_dir: Path, name: str = "ppo_continuous_last.pt"):
 # ---------------------------------------------------------------------------------------------
 # Math against independent computations
 # ---------------------------------------------------------------------------------------------
+
 
 def test_gaussian_log_prob_and_entropy_match_torch_distributions():
     torch.manual_seed(0)
@@ -62,9 +73,9 @@ def test_rollout_policy_matches_the_agent_and_its_log_prob_is_of_the_returned_ac
         torch.testing.assert_close(torch.from_numpy(logprob), reference.log_prob(torch.from_numpy(action)).sum(-1))
         torch.testing.assert_close(torch.from_numpy(value), agent.critic(torch.from_numpy(obs)).squeeze(-1))
     assert np.abs(action - mean.numpy()).mean() > 0.1  # sampled, not the mean
-    with torch.no_grad():  # sync picks up new weights
+    with torch.no_grad():  # a new snapshot picks up new weights
         agent.critic[0].bias.add_(1.0)
-    policy.sync(agent)
+    policy = pc.RolloutPolicy(agent)
     torch.testing.assert_close(torch.from_numpy(policy.value(obs)), agent.critic(torch.from_numpy(obs)).squeeze(-1).detach())
 
 
@@ -93,14 +104,21 @@ def test_gae_with_truncation_bootstrap_matches_brute_force():
     truncations = (rng.random((T, N)) < 0.15) & ~terminations
     dones = terminations | truncations
     assert truncations.any() and terminations.any()
-    as_t = lambda x: torch.tensor(x, dtype=torch.float64)
-    advantages, returns = pc.compute_gae(as_t(rewards), as_t(values), as_t(next_values), as_t(terminations),
-                                         as_t(truncations), gamma, lam)
+
+    def as_t(x):
+        return torch.tensor(x, dtype=torch.float64)
+
+    advantages, returns = pc.compute_gae(
+        as_t(rewards), as_t(values), as_t(next_values), as_t(terminations), as_t(truncations), gamma, lam
+    )
     expected = brute_force_gae(rewards, values, next_values, terminations, dones, gamma, lam)
     np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(returns.numpy(), expected + values, rtol=1e-10, atol=1e-10)
+
     # A truncated last step is bootstrapped from its final observation's value, a terminated one is not.
-    one = lambda v: torch.tensor([[v]], dtype=torch.float64)
+    def one(v):
+        return as_t([[v]])
+
     trunc_adv, _ = pc.compute_gae(one(1.0), one(0.5), one(2.0), one(0.0), one(1.0), gamma, lam)
     term_adv, _ = pc.compute_gae(one(1.0), one(0.5), one(2.0), one(1.0), one(0.0), gamma, lam)
     assert trunc_adv.item() == pytest.approx(1.0 + gamma * 2.0 - 0.5)
@@ -108,11 +126,19 @@ def test_gae_with_truncation_bootstrap_matches_brute_force():
 
 
 def test_value_loss_plain_and_clipped():
-    new, old, returns, eps = torch.tensor([0.0, 1.0, 3.0, -2.0]), torch.tensor([0.5, 0.0, 1.0, -1.9]), \
-        torch.tensor([1.0, 2.0, 0.0, -1.0]), 0.2
-    expected_plain = 0.5 * np.mean([(n - r) ** 2 for n, r in zip(new.tolist(), returns.tolist())])
-    expected_clipped = 0.5 * np.mean([max((n - r) ** 2, (o + min(max(n - o, -eps), eps) - r) ** 2)
-                                      for n, o, r in zip(new.tolist(), old.tolist(), returns.tolist())])
+    new, old, returns, eps = (
+        torch.tensor([0.0, 1.0, 3.0, -2.0]),
+        torch.tensor([0.5, 0.0, 1.0, -1.9]),
+        torch.tensor([1.0, 2.0, 0.0, -1.0]),
+        0.2,
+    )
+    expected_plain = 0.5 * np.mean([(n - r) ** 2 for n, r in zip(new.tolist(), returns.tolist(), strict=True)])
+    expected_clipped = 0.5 * np.mean(
+        [
+            max((n - r) ** 2, (o + min(max(n - o, -eps), eps) - r) ** 2)
+            for n, o, r in zip(new.tolist(), old.tolist(), returns.tolist(), strict=True)
+        ]
+    )
     assert pc.value_loss(new, old, returns, eps, clip_vloss=False).item() == pytest.approx(expected_plain)
     assert pc.value_loss(new, old, returns, eps, clip_vloss=True).item() == pytest.approx(expected_clipped)
     assert expected_clipped != pytest.approx(expected_plain)
@@ -121,7 +147,9 @@ def test_value_loss_plain_and_clipped():
 def test_clipped_surrogate_and_kl_estimators():
     logratio, adv, eps = torch.tensor([-0.5, 0.0, 0.1, 0.4]), torch.tensor([1.0, -2.0, -1.0, 3.0]), 0.2
     ratio = logratio.exp()
-    expected = -np.mean([min(r * a, min(max(r, 1 - eps), 1 + eps) * a) for r, a in zip(ratio.tolist(), adv.tolist())])
+    expected = -np.mean(
+        [min(r * a, min(max(r, 1 - eps), 1 + eps) * a) for r, a in zip(ratio.tolist(), adv.tolist(), strict=True)]
+    )
     assert pc.clipped_surrogate_loss(ratio, adv, eps).item() == pytest.approx(expected, rel=1e-6)
     old_kl, kl = pc.approx_kl(logratio)
     assert old_kl.item() == pytest.approx(-logratio.mean().item())
@@ -150,15 +178,28 @@ PROBE_GAMMA = {3: 0.9}  # a discount far enough from 1 that probe 3's V(0) = gam
 def test_learns_continuous_probe(tmp_path, k):
     env_id, gamma = f"Probe{k}Continuous-v0", PROBE_GAMMA.get(k, 0.99)
     # Reward scaling off: the probe table states values in raw reward units.
-    args = tiny_args(tmp_path, env_id=env_id, gamma=gamma, seed=k, total_timesteps=2048 if k < 4 else 8192,
-                     num_envs=8, num_steps=16, num_minibatches=2, update_epochs=10, learning_rate=3e-3,
-                     reward_scaling=False, eval_episodes=2)
+    args = tiny_args(
+        tmp_path,
+        env_id=env_id,
+        gamma=gamma,
+        seed=k,
+        total_timesteps=2048 if k < 4 else 8192,
+        num_envs=8,
+        num_steps=16,
+        num_minibatches=2,
+        update_epochs=10,
+        learning_rate=3e-3,
+        reward_scaling=False,
+        eval_episodes=2,
+    )
     summary = pc.train(args)
     agent, ckpt = load_agent(Path(summary["run_dir"]))
     rms = pc.RunningMeanStd((1,))
     rms.load_state_dict(ckpt["obs_rms"])
-    normalize = lambda obs: torch.as_tensor(np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10),
-                                            dtype=torch.float32)
+
+    def normalize(obs):
+        return torch.as_tensor(np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10), dtype=torch.float32)
+
     sigma = agent.actor_logstd.exp().item()
     noise = np.random.default_rng(0).standard_normal(200_000)
 
@@ -168,28 +209,71 @@ def test_learns_continuous_probe(tmp_path, k):
         return float(np.mean(1.0 - (np.clip(mean + sigma * noise, -1, 1) - 0.5 * (obs if k == 5 else 1.0)) ** 2))
 
     with torch.no_grad():
-        check_probe(env_id, gamma, value_fn=lambda o: agent.value(normalize(o)).numpy(),
-                    action_fn=lambda o: agent.actor_mean(normalize(o)).numpy(), policy_return_fn=policy_return,
-                    value_tol=0.05, action_tol=0.1)
+        check_probe(
+            env_id,
+            gamma,
+            value_fn=lambda o: agent.value(normalize(o)).numpy(),
+            action_fn=lambda o: agent.actor_mean(normalize(o)).numpy(),
+            policy_return_fn=policy_return,
+            value_tol=0.05,
+            action_tol=0.1,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # The command line on real tasks
 # ---------------------------------------------------------------------------------------------
 
+
 def test_cli_walker_smoke_tensorboard_checkpoint_wandb_and_eval_only(tmp_path):
     out = tmp_path / "runs"
-    result = run_cli(SCRIPT, ["--env-id", "dm_control/walker/walk", "--total-timesteps", "512", "--num-envs", "2",
-                              "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "2",
-                              "--eval-interval", "256", "--eval-episodes", "1", "--output-dir", str(out), "--track",
-                              "--no-cuda"], cwd=tmp_path, env={"WANDB_MODE": "offline"})
+    result = run_cli(
+        SCRIPT,
+        [
+            "--env-id",
+            "dm_control/walker/walk",
+            "--total-timesteps",
+            "512",
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "128",
+            "--num-minibatches",
+            "4",
+            "--update-epochs",
+            "2",
+            "--eval-interval",
+            "256",
+            "--eval-episodes",
+            "1",
+            "--output-dir",
+            str(out),
+            "--track",
+            "--no-cuda",
+        ],
+        cwd=tmp_path,
+        env={"WANDB_MODE": "offline"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 512/512 (100.0%)" in result.stdout
     run_dir = single_run_dir(out)
     scalars = read_scalars(run_dir)
-    for tag in ["charts/SPS", "charts/learning_rate", "losses/policy_loss", "losses/value_loss", "losses/entropy",
-                "losses/approx_kl", "losses/old_approx_kl", "losses/clipfrac", "losses/explained_variance",
-                "eval/return_mean", "eval/return_std", "eval/return_min", "eval/return_max", "eval/length_mean"]:
+    for tag in [
+        "charts/SPS",
+        "charts/learning_rate",
+        "losses/policy_loss",
+        "losses/value_loss",
+        "losses/entropy",
+        "losses/approx_kl",
+        "losses/old_approx_kl",
+        "losses/clipfrac",
+        "losses/explained_variance",
+        "eval/return_mean",
+        "eval/return_std",
+        "eval/return_min",
+        "eval/return_max",
+        "eval/length_mean",
+    ]:
         assert tag in scalars, f"missing TensorBoard tag {tag}; have {sorted(scalars)}"
     assert [s for s, _ in scalars["eval/return_mean"]] == [256, 512]  # periodic, then final at the last step
     assert [v for _, v in scalars["eval/length_mean"]] == [1000.0, 1000.0]  # dm_control truncates at 1000
@@ -200,12 +284,24 @@ def test_cli_walker_smoke_tensorboard_checkpoint_wandb_and_eval_only(tmp_path):
     assert (run_dir / "ppo_continuous_best.pt").exists()
     obs_rms = ckpt["obs_rms"]
     assert obs_rms["mean"].shape == (24,) and obs_rms["count"] > 512 and obs_rms["var"].min() > 0
-    assert set(ckpt["rng"]) >= {"torch", "numpy"} and "state" in ckpt["optimizer"]
+    assert set(ckpt["rng"]) == {"torch", "numpy_key", "numpy_pos", "python"} and "state" in ckpt["optimizer"]
 
     # Evaluation only: same deterministic policy, same eval seeds and the restored normalizer give the same return.
     eval_out = tmp_path / "eval_runs"
-    result = run_cli(SCRIPT, ["--eval-only", "--checkpoint", str(run_dir / "ppo_continuous_last.pt"),
-                              "--eval-episodes", "1", "--output-dir", str(eval_out), "--no-cuda"], cwd=tmp_path)
+    result = run_cli(
+        SCRIPT,
+        [
+            "--eval-only",
+            "--checkpoint",
+            str(run_dir / "ppo_continuous_last.pt"),
+            "--eval-episodes",
+            "1",
+            "--output-dir",
+            str(eval_out),
+            "--no-cuda",
+        ],
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ppo_continuous_last.pt" not in os.listdir(single_run_dir(eval_out))  # nothing trained, nothing saved
     eval_scalars = read_scalars(single_run_dir(eval_out))
@@ -214,13 +310,33 @@ def test_cli_walker_smoke_tensorboard_checkpoint_wandb_and_eval_only(tmp_path):
 
 def test_capture_video_writes_mp4_with_frames(tmp_path):
     imageio = pytest.importorskip("imageio")
-    result = run_cli(SCRIPT, ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "128", "--num-envs", "1",
-                              "--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "1",
-                              "--eval-episodes", "2", "--capture-video", "--output-dir", str(tmp_path), "--no-cuda"],
-                     cwd=tmp_path)
+    result = run_cli(
+        SCRIPT,
+        [
+            "--env-id",
+            "InvertedPendulum-v5",
+            "--total-timesteps",
+            "128",
+            "--num-envs",
+            "1",
+            "--num-steps",
+            "128",
+            "--num-minibatches",
+            "2",
+            "--update-epochs",
+            "1",
+            "--eval-episodes",
+            "2",
+            "--capture-video",
+            "--output-dir",
+            str(tmp_path),
+            "--no-cuda",
+        ],
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     videos = sorted((single_run_dir(tmp_path) / "videos").glob("*.mp4"))
-    assert [v.name for v in videos] == ["eval_step128.mp4"]
+    assert [v.name for v in videos] == ["eval-step-128.mp4"]
     frames = imageio.mimread(videos[0], memtest=False)
     assert len(frames) >= 2 and frames[0].ndim == 3 and frames[0].shape[2] == 3
     assert np.ptp(np.asarray(frames[0])) > 0, "blank frame"
@@ -288,12 +404,19 @@ def test_ctrl_c_saves_checkpoint_and_resume_continues_like_an_uninterrupted_run(
     learner state in the checkpoint (weights, Adam moments, normalizer, reward scaler, RNGs,
     step counter, lr schedule) is all there is: the resumed run must match bit for bit.
     """
-    flags = dict(env_id="Probe4Continuous-v0", total_timesteps=9600, num_envs=4, num_steps=16, num_minibatches=2,
-                 update_epochs=2, eval_interval=3200, eval_episodes=1)
+    flags = dict(
+        env_id="Probe4Continuous-v0",
+        total_timesteps=9600,
+        num_envs=4,
+        num_steps=16,
+        num_minibatches=2,
+        update_epochs=2,
+        eval_interval=3200,
+        eval_episodes=1,
+    )
     cli = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
     out = tmp_path / "interrupted"
-    proc = start_interruptible([sys.executable, str(ROOT / SCRIPT), *cli, "--output-dir", str(out), "--no-cuda"],
-                               cwd=tmp_path)
+    proc = start_interruptible([sys.executable, str(ROOT / SCRIPT), *cli, "--output-dir", str(out), "--no-cuda"], cwd=tmp_path)
     for line in proc.stdout:
         if line.startswith("step 640/"):  # 10 iterations done
             proc.send_signal(signal.SIGINT)
@@ -306,8 +429,11 @@ def test_ctrl_c_saves_checkpoint_and_resume_continues_like_an_uninterrupted_run(
     assert 640 <= ckpt["global_step"] < 9600 and ckpt["global_step"] == 64 * ckpt["iteration"]
     assert [s for s, _ in read_scalars(run_dir)["charts/SPS"]][-1] >= ckpt["global_step"] - 64  # logged after saving
 
-    resumed = pc.train(tiny_args(tmp_path / "resumed", resume=str(run_dir / "ppo_continuous_last.pt"),
-                                 total_timesteps=flags["total_timesteps"]))
+    resumed = pc.train(
+        tiny_args(
+            tmp_path / "resumed", resume=str(run_dir / "ppo_continuous_last.pt"), total_timesteps=flags["total_timesteps"]
+        )
+    )
     straight = pc.train(tiny_args(tmp_path / "straight", **flags))
     assert resumed["global_step"] == straight["global_step"] == 9600
     resumed_agent, resumed_ckpt = load_agent(Path(resumed["run_dir"]))
