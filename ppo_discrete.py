@@ -686,15 +686,16 @@ def evaluate_checkpoint(run: Run) -> dict:
 # Checkpoints
 # ---------------------------------------------------------------------------------------
 def rng_state() -> dict:
-    np_state = np.random.get_state()
-    numpy_key, numpy_pos = torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2])
-    return {"torch": torch.get_rng_state(), "numpy_key": numpy_key, "numpy_pos": numpy_pos, "python": random.getstate()[1]}
+    _, key, pos, has_gauss, gauss = np.random.get_state()  # numpy's cached Gaussian too: resume is bit-for-bit
+    numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
+    return {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
 
 
 def restore_rng(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(("MT19937", state["numpy_key"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
-    random.setstate((3, tuple(state["python"]), None))
+    n, (version, internal, gauss_next) = state["numpy"], state["python"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    random.setstate((version, tuple(internal), gauss_next))
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
