@@ -22,6 +22,8 @@ GL_CHECK := import vmpo_continuous as s, sys; sys.exit(not any(s.library_loads(l
 
 test: $(VENV)/.installed
 	@$(PY) -c "$(GL_CHECK)" || { echo "make test: the video tests need Mesa's EGL or OSMesa; install one (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0, or libosmesa6)"; exit 1; }
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
 	$(PY) -m pytest
 
 # Regenerate the rendered math pages from the scripts' `# LaTeX:` comments, then build the site.

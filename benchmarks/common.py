@@ -17,9 +17,9 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ("ppo_discrete", "ppo_continuous", "vmpo_continuous")
@@ -70,7 +70,7 @@ def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     argv = list(argv)
     if "--" in argv:
         i = argv.index("--")
-        return argv[:i], argv[i + 1:]
+        return argv[:i], argv[i + 1 :]
     return argv, []
 
 
@@ -162,9 +162,17 @@ def read_results(paths: Iterable[Path]) -> list[dict]:
         if missing:
             raise BenchmarkError(f"{path}: not a results CSV, missing columns {missing}")
         for r in raw:
-            rows.append({**r, "seed": int(r["seed"]), "budget": int(r["budget"]), "step": int(r["step"]),
-                         "wall_time": float(r["wall_time"]), "eval_return": float(r["eval_return"]),
-                         "eval_std": float(r["eval_std"] or "nan")})
+            rows.append(
+                {
+                    **r,
+                    "seed": int(r["seed"]),
+                    "budget": int(r["budget"]),
+                    "step": int(r["step"]),
+                    "wall_time": float(r["wall_time"]),
+                    "eval_return": float(r["eval_return"]),
+                    "eval_std": float(r["eval_std"] or "nan"),
+                }
+            )
     return rows
 
 
@@ -193,9 +201,15 @@ class EvalReader:
             return []
         start = acc.FirstEventTimestamp()
         stds = {e.step: e.value for e in acc.Scalars("eval/return_std")} if "eval/return_std" in tags else {}
-        by_step = {e.step: {"step": e.step, "wall_time": e.wall_time - start, "eval_return": e.value,
-                            "eval_std": stds.get(e.step, float("nan"))}
-                   for e in sorted(acc.Scalars("eval/return_mean"), key=lambda e: e.wall_time)}
+        by_step = {
+            e.step: {
+                "step": e.step,
+                "wall_time": e.wall_time - start,
+                "eval_return": e.value,
+                "eval_std": stds.get(e.step, float("nan")),
+            }
+            for e in sorted(acc.Scalars("eval/return_mean"), key=lambda e: e.wall_time)
+        }
         return [by_step[s] for s in sorted(by_step)]
 
 

@@ -20,8 +20,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-TABLE_HEADER = ("| env | algo | tag | budget | seeds | final eval return (mean ± std) | per seed | steps | wall time |\n"
-                "|---|---|---|---|---|---|---|---|---|")
+TABLE_HEADER = (
+    "| env | algo | tag | budget | seeds | final eval return (mean ± std) | per seed | steps | wall time |\n"
+    "|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def group_runs(rows: list[dict]) -> dict[tuple, dict[int, list[dict]]]:
@@ -47,20 +49,31 @@ def table(groups: dict) -> str:
     for (env, algo, tag, budget), seeds in groups.items():
         finals = [runs[-1] for runs in seeds.values()]
         returns = np.array([f["eval_return"] for f in finals])
-        lines.append(" | ".join([
-            f"| {env}", algo, tag, f"{budget:,}", ", ".join(map(str, seeds)),
-            f"{returns.mean():.1f} ± {returns.std():.1f}",
-            " / ".join(f"{v:.1f}" for v in returns),
-            fmt_range([f["step"] for f in finals], lambda v: f"{v:,}"),
-            fmt_duration(float(np.mean([f["wall_time"] for f in finals]))) + " |"]))
+        lines.append(
+            " | ".join(
+                [
+                    f"| {env}",
+                    algo,
+                    tag,
+                    f"{budget:,}",
+                    ", ".join(map(str, seeds)),
+                    f"{returns.mean():.1f} ± {returns.std():.1f}",
+                    " / ".join(f"{v:.1f}" for v in returns),
+                    fmt_range([f["step"] for f in finals], lambda v: f"{v:,}"),
+                    fmt_duration(float(np.mean([f["wall_time"] for f in finals]))) + " |",
+                ]
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
 def seed_band(seeds: dict[int, list[dict]], x_key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """x grid, mean, min and max over seeds of the eval return; each seed interpolated
     linearly onto the union of their x values, up to where the shortest seed ends."""
-    curves = [(np.array([r[x_key] for r in runs], float), np.array([r["eval_return"] for r in runs], float))
-              for runs in seeds.values()]
+    curves = [
+        (np.array([r[x_key] for r in runs], float), np.array([r["eval_return"] for r in runs], float))
+        for runs in seeds.values()
+    ]
     end = min(x[-1] for x, _ in curves)
     grid = np.unique(np.concatenate([x[x <= end] for x, _ in curves]))
     ys = np.stack([np.interp(grid, x, y) for x, y in curves])

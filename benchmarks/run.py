@@ -78,14 +78,25 @@ def plan(args, extra: list[str]) -> list[Run]:
     """Every run of the grid, longest first (better packing of the parallel jobs)."""
     budgets = parse_budgets(args.budget, args.env)
     algo = args.script.stem
-    runs = [Run(algo, args.tag, env, seed, budgets[env],
-                args.work_dir / algo / common.slug(args.tag) / common.slug(env) / f"seed{seed}-{budgets[env]}")
-            for env in args.env for seed in args.seeds]
+    runs = [
+        Run(
+            algo,
+            args.tag,
+            env,
+            seed,
+            budgets[env],
+            args.work_dir / algo / common.slug(args.tag) / common.slug(env) / f"seed{seed}-{budgets[env]}",
+        )
+        for env in args.env
+        for seed in args.seeds
+    ]
     for run in (r for r in runs if r.done_file.exists()):  # never mix two configs under one tag
         done = json.loads(run.done_file.read_text())
         if (done["tag"], done["extra_args"]) != (run.tag, extra):
-            raise common.BenchmarkError(f"{run}: {run.dir} holds a finished run of tag {done['tag']!r} with script "
-                                        f"args {done['extra_args']}, not {extra}; give this config its own --tag")
+            raise common.BenchmarkError(
+                f"{run}: {run.dir} holds a finished run of tag {done['tag']!r} with script "
+                f"args {done['extra_args']}, not {extra}; give this config its own --tag"
+            )
     return sorted(runs, key=lambda r: -r.budget)
 
 
@@ -103,8 +114,19 @@ class Runner:
             print(msg, flush=True)
 
     def command(self, run: Run) -> list[str]:
-        return [sys.executable, str(self.args.script), "--env-id", run.env, "--seed", str(run.seed),
-                "--total-timesteps", str(run.budget), "--output-dir", str(run.dir / "tb"), *self.extra]
+        return [
+            sys.executable,
+            str(self.args.script),
+            "--env-id",
+            run.env,
+            "--seed",
+            str(run.seed),
+            "--total-timesteps",
+            str(run.budget),
+            "--output-dir",
+            str(run.dir / "tb"),
+            *self.extra,
+        ]
 
     def record(self, run: Run) -> list[dict]:
         """Read the run's evaluations back from its TensorBoard events into CSV rows (replacing old ones)."""
@@ -112,8 +134,16 @@ class Runner:
         curve = common.read_eval_curve(run_dirs[-1]) if run_dirs else []
         if not curve:
             raise common.BenchmarkError(f"{run}: no eval/return_mean in the TensorBoard events under {run.dir / 'tb'}")
-        rows = [{**run.key, "step": p["step"], "wall_time": round(p["wall_time"], 3),
-                 "eval_return": round(p["eval_return"], 4), "eval_std": round(p["eval_std"], 4)} for p in curve]
+        rows = [
+            {
+                **run.key,
+                "step": p["step"],
+                "wall_time": round(p["wall_time"], 3),
+                "eval_return": round(p["eval_return"], 4),
+                "eval_std": round(p["eval_std"], 4),
+            }
+            for p in curve
+        ]
         common.write_rows(self.args.out, common.RESULT_FIELDS, rows, replace=run.key)
         return rows
 
@@ -140,11 +170,20 @@ class Runner:
             self.say(f"FAILED {e}")
             return False
         final = rows[-1]
-        run.done_file.write_text(json.dumps({**run.key, "extra_args": self.extra, "rows": len(rows),
-                                             "final_step": final["step"], "final_eval_return": final["eval_return"],
-                                             "seconds": time.time() - start}, indent=1))
-        self.say(f"done    {run}: eval return {final['eval_return']:.1f} at step {final['step']}, "
-                 f"{time.time() - start:.0f}s")
+        run.done_file.write_text(
+            json.dumps(
+                {
+                    **run.key,
+                    "extra_args": self.extra,
+                    "rows": len(rows),
+                    "final_step": final["step"],
+                    "final_eval_return": final["eval_return"],
+                    "seconds": time.time() - start,
+                },
+                indent=1,
+            )
+        )
+        self.say(f"done    {run}: eval return {final['eval_return']:.1f} at step {final['step']}, {time.time() - start:.0f}s")
         return True
 
     def run_all(self, runs: list[Run]) -> int:
@@ -155,8 +194,10 @@ class Runner:
         for run in runs:
             if run not in todo and tuple(str(v) for v in run.key.values()) not in have:
                 self.record(run)
-        self.say(f"{len(runs)} runs: {len(runs) - len(todo)} already done, {len(todo)} to run "
-                 f"with {self.args.jobs} jobs -> {self.args.out}")
+        self.say(
+            f"{len(runs)} runs: {len(runs) - len(todo)} already done, {len(todo)} to run "
+            f"with {self.args.jobs} jobs -> {self.args.out}"
+        )
         failed = 0
         with ThreadPoolExecutor(self.args.jobs) as pool:
             futures = [pool.submit(self.execute, run) for run in todo]
@@ -178,18 +219,25 @@ class Runner:
 
 def parse_args(argv: list[str]):
     own, extra = common.split_passthrough(argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                usage="%(prog)s --algo ALGO --env ENV [ENV ...] --budget N|ENV=N [...] [options] [-- script args]")
+    p = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s --algo ALGO --env ENV [ENV ...] --budget N|ENV=N [...] [options] [-- script args]",
+    )
     p.add_argument("--algo", required=True, help=f"one of {', '.join(common.ALGOS)}, or a path to a script")
     p.add_argument("--env", nargs="+", required=True, help="env ids, e.g. dm_control/cartpole/balance CartPole-v1")
     p.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds (default: 1)")
-    p.add_argument("--budget", nargs="+", required=True,
-                   help="env steps per run: N for every env and/or ENV=N per env (200000, 200k, 1M)")
+    p.add_argument(
+        "--budget", nargs="+", required=True, help="env steps per run: N for every env and/or ENV=N per env (200000, 200k, 1M)"
+    )
     p.add_argument("--out", type=Path, help="results CSV (default: benchmarks/results/<algo>.csv)")
     p.add_argument("--tag", help="config label in the CSV (default: the args after --, or 'default')")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel runs (default: number of cores)")
-    p.add_argument("--work-dir", type=Path, help="where the runs' TensorBoard files, checkpoints and logs go "
-                   "(default: <out without .csv>_runs/)")
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        help="where the runs' TensorBoard files, checkpoints and logs go (default: <out without .csv>_runs/)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the runs and their status, run nothing")
     args = p.parse_args(own)
     args.env, args.seeds = list(dict.fromkeys(args.env)), list(dict.fromkeys(args.seeds))  # no run twice

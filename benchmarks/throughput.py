@@ -31,10 +31,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 MANAGED = ("--total-timesteps", "--eval-interval", "--eval-episodes", "--output-dir")
-FIELDS = ("date", "algo", "tag", "env", "num_envs", "steps", "train_sps", "random_sps_before", "random_sps_after",
-          "random_sps", "ratio", "device", "cpus")
-MD_HEADER = ("| algo | tag | env | envs | steps | training SPS | random-action SPS (before / after) | ratio | device | date |\n"
-             "|---|---|---|---|---|---|---|---|---|---|\n")
+FIELDS = (
+    "date",
+    "algo",
+    "tag",
+    "env",
+    "num_envs",
+    "steps",
+    "train_sps",
+    "random_sps_before",
+    "random_sps_after",
+    "random_sps",
+    "ratio",
+    "device",
+    "cpus",
+)
+MD_HEADER = (
+    "| algo | tag | env | envs | steps | training SPS | random-action SPS (before / after) | ratio | device | date |\n"
+    "|---|---|---|---|---|---|---|---|---|---|\n"
+)
 PROFILE_TOP = 40
 WARMUP_STEPS = 20  # vector steps before the timed ones
 
@@ -84,14 +99,22 @@ def measure(module, args, steps: int, random_steps: int, profile: Path | None) -
             raise
     after = random_action_sps(module, args, random_steps)
     random_sps = (before + after) / 2
-    return {"steps": summary["global_step"], "train_sps": summary["train_sps"], "random_sps_before": before,
-            "random_sps_after": after, "random_sps": random_sps, "ratio": summary["train_sps"] / random_sps}
+    return {
+        "steps": summary["global_step"],
+        "train_sps": summary["train_sps"],
+        "random_sps_before": before,
+        "random_sps_after": after,
+        "random_sps": random_sps,
+        "ratio": summary["train_sps"] / random_sps,
+    }
 
 
 def append_markdown(path: Path, row: dict) -> None:
-    line = (f"| {row['algo']} | {row['tag']} | {row['env']} | {row['num_envs']} | {row['steps']:,} | "
-            f"{row['train_sps']:.0f} | {row['random_sps']:.0f} ({row['random_sps_before']:.0f} / "
-            f"{row['random_sps_after']:.0f}) | {row['ratio']:.3f} | {row['device']} | {row['date']} |\n")
+    line = (
+        f"| {row['algo']} | {row['tag']} | {row['env']} | {row['num_envs']} | {row['steps']:,} | "
+        f"{row['train_sps']:.0f} | {row['random_sps']:.0f} ({row['random_sps_before']:.0f} / "
+        f"{row['random_sps_after']:.0f}) | {row['ratio']:.3f} | {row['device']} | {row['date']} |\n"
+    )
     with common.locked(path):
         new = not path.exists() or path.stat().st_size == 0
         with open(path, "a") as f:
@@ -100,18 +123,29 @@ def append_markdown(path: Path, row: dict) -> None:
 
 def main() -> int:
     own, extra = common.split_passthrough(sys.argv[1:])
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                usage="%(prog)s --algo ALGO --steps N [options] [-- script args]")
+    p = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s --algo ALGO --steps N [options] [-- script args]",
+    )
     p.add_argument("--algo", required=True, help=f"one of {', '.join(common.ALGOS)}, or a path to a script")
     p.add_argument("--steps", required=True, help="training budget in env steps (e.g. 20000, 20k)")
     p.add_argument("--random-steps", help="env steps of each random-action measurement (default: --steps)")
-    p.add_argument("--eval-episodes", type=int, default=1, help="episodes of the final evaluation (default: 1; "
-                   "evaluation is not part of the training SPS, it only costs time)")
+    p.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=1,
+        help="episodes of the final evaluation (default: 1; evaluation is not part of the training SPS, it only costs time)",
+    )
     p.add_argument("--tag", help="config label (default: the args after --, or 'default')")
     p.add_argument("--csv", type=Path, help="append the result to this CSV")
     p.add_argument("--md", type=Path, help="append the result as a row of this Markdown table")
-    p.add_argument("--profile", type=Path, metavar="FILE", help=f"profile train(): top {PROFILE_TOP} entries to FILE, "
-                   "raw stats to FILE with suffix .prof")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help=f"profile train(): top {PROFILE_TOP} entries to FILE, raw stats to FILE with suffix .prof",
+    )
     opts = p.parse_args(own)
     common.reject_managed(extra, MANAGED, "throughput.py")
     steps = common.parse_steps(opts.steps)
@@ -128,15 +162,25 @@ def main() -> int:
     result = measure(module, args, steps, random_steps, opts.profile)
     import torch
 
-    row = {"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "algo": script.stem,
-           "tag": common.config_tag(opts.tag, extra), "env": args.env_id, "num_envs": args.num_envs,
-           "device": "cuda" if getattr(args, "cuda", False) and torch.cuda.is_available() else "cpu",
-           "cpus": os.cpu_count(), **result}
-    print(f"\nthroughput of {row['algo']} [{row['tag']}] on {row['env']}, {row['num_envs']} envs, {row['device']}"
-          + (" (profiled: training SPS includes profiler overhead)" if opts.profile else ""))
+    row = {
+        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "algo": script.stem,
+        "tag": common.config_tag(opts.tag, extra),
+        "env": args.env_id,
+        "num_envs": args.num_envs,
+        "device": "cuda" if getattr(args, "cuda", False) and torch.cuda.is_available() else "cpu",
+        "cpus": os.cpu_count(),
+        **result,
+    }
+    print(
+        f"\nthroughput of {row['algo']} [{row['tag']}] on {row['env']}, {row['num_envs']} envs, {row['device']}"
+        + (" (profiled: training SPS includes profiler overhead)" if opts.profile else "")
+    )
     print(f"training SPS:          {result['train_sps']:.1f}  ({result['steps']} steps, evaluation excluded)")
-    print(f"random-action SPS:     {result['random_sps']:.1f}  (before {result['random_sps_before']:.1f}, "
-          f"after {result['random_sps_after']:.1f}; {random_steps} steps each)")
+    print(
+        f"random-action SPS:     {result['random_sps']:.1f}  (before {result['random_sps_before']:.1f}, "
+        f"after {result['random_sps_after']:.1f}; {random_steps} steps each)"
+    )
     print(f"ratio training/random: {result['ratio']:.4f}")
     if opts.csv:
         common.write_rows(opts.csv, FIELDS, [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}])

@@ -44,9 +44,10 @@ import tempfile
 import time
 import typing
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
@@ -80,8 +81,12 @@ def sample_ppo_discrete(trial: SearchTrial, args: Any) -> list[str]:
         ent_coef=trial.suggest_float("ent_coef", 1e-8, 0.1, log=True),
         vf_coef=trial.suggest_float("vf_coef", 0.1, 1.0),
         max_grad_norm=trial.suggest_categorical("max_grad_norm", [0.3, 0.5, 1.0, 2.0, 5.0]),
-        policy_hidden_sizes=layers(trial.suggest_categorical("policy_hidden_sizes", ["64x64", "128x128", "256x256", "64x64x64"])),
-        value_hidden_sizes=layers(trial.suggest_categorical("value_hidden_sizes", ["64x64", "128x128", "256x256", "64x64x64"])),
+        policy_hidden_sizes=layers(
+            trial.suggest_categorical("policy_hidden_sizes", ["64x64", "128x128", "256x256", "64x64x64"])
+        ),
+        value_hidden_sizes=layers(
+            trial.suggest_categorical("value_hidden_sizes", ["64x64", "128x128", "256x256", "64x64x64"])
+        ),
         anneal_lr=trial.suggest_categorical("anneal_lr", [True, False]),
     )
 
@@ -100,8 +105,7 @@ def sample_ppo_continuous(trial: SearchTrial, args: Any) -> list[str]:
         vf_coef=trial.suggest_float("vf_coef", 0.1, 1.0),
         max_grad_norm=trial.suggest_categorical("max_grad_norm", [0.3, 0.5, 1.0, 2.0, 5.0]),
         policy_hidden_sizes=layers(trial.suggest_categorical("policy_hidden_sizes", ["64x64", "128x128", "256x256"])),
-        value_hidden_sizes=layers(trial.suggest_categorical("value_hidden_sizes",
-                                                            ["64x64", "128x128", "256x256", "512x512"])),
+        value_hidden_sizes=layers(trial.suggest_categorical("value_hidden_sizes", ["64x64", "128x128", "256x256", "512x512"])),
         init_log_std=trial.suggest_float("init_log_std", -2.0, 0.5),
         anneal_lr=trial.suggest_categorical("anneal_lr", [True, False]),
         reward_scaling=trial.suggest_categorical("reward_scaling", [True, False]),
@@ -123,10 +127,10 @@ def sample_vmpo_continuous(trial: SearchTrial, args: Any) -> list[str]:
         alpha_lr=trial.suggest_float("alpha_lr", 1e-3, 0.1, log=True),
         gamma=trial.suggest_categorical("gamma", [0.95, 0.98, 0.99, 0.995]),
         gae_lambda=trial.suggest_categorical("gae_lambda", [0.8, 0.9, 0.95, 0.98, 1.0]),
-        policy_hidden_sizes=layers(trial.suggest_categorical("policy_hidden_sizes",
-                                                             ["64x64", "128x128", "256x256", "512x512"])),
-        value_hidden_sizes=layers(trial.suggest_categorical("value_hidden_sizes",
-                                                            ["64x64", "128x128", "256x256", "512x512"])),
+        policy_hidden_sizes=layers(
+            trial.suggest_categorical("policy_hidden_sizes", ["64x64", "128x128", "256x256", "512x512"])
+        ),
+        value_hidden_sizes=layers(trial.suggest_categorical("value_hidden_sizes", ["64x64", "128x128", "256x256", "512x512"])),
         ppo_like_backbone=trial.suggest_categorical("ppo_like_backbone", [False, True]),
         anneal_lr=trial.suggest_categorical("anneal_lr", [False, True]),
     )
@@ -225,9 +229,15 @@ class Setup:
     @property
     def config(self) -> dict:
         """What defines the study: a second worker or a rerun must match it."""
-        return {"algo": self.algo, "env": self.env, "budget": self.budget, "seeds": self.seeds,
-                "fixed_args": self.fixed, "tool_args": self.tool_args,
-                "searched": sorted(filter(self.searched, self.space_names))}
+        return {
+            "algo": self.algo,
+            "env": self.env,
+            "budget": self.budget,
+            "seeds": self.seeds,
+            "fixed_args": self.fixed,
+            "tool_args": self.tool_args,
+            "searched": sorted(filter(self.searched, self.space_names)),
+        }
 
 
 def steps_text(n: int) -> str:
@@ -240,28 +250,54 @@ def steps_text(n: int) -> str:
 
 def parse_cli(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     own, fixed = common.split_passthrough(argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                usage="%(prog)s --algo ALGO --env ENV --budget N --trials N [options] [-- script args]")
+    p = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s --algo ALGO --env ENV --budget N --trials N [options] [-- script args]",
+    )
     p.add_argument("--algo", required=True, help=f"one of {', '.join(SAMPLERS)}")
     p.add_argument("--env", required=True, help="env id, e.g. dm_control/cartpole/balance or CartPole-v1")
     p.add_argument("--budget", required=True, help="env steps per trial run (200000, 200k, 1M)")
-    p.add_argument("--trials", type=int, required=True,
-                   help="finished trials (complete or pruned) the study should have; reruns count the stored ones")
-    p.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds of each trial, run in parallel; "
-                   "the objective is the mean of their final evaluations (default: 1)")
-    p.add_argument("--storage", help="Optuna storage URL (postgresql://, mysql://, sqlite:///) or a journal file "
-                   "(journal:PATH or PATH.log); default: sqlite:///<out>/study.db")
+    p.add_argument(
+        "--trials",
+        type=int,
+        required=True,
+        help="finished trials (complete or pruned) the study should have; reruns count the stored ones",
+    )
+    p.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[1],
+        help="seeds of each trial, run in parallel; the objective is the mean of their final evaluations (default: 1)",
+    )
+    p.add_argument(
+        "--storage",
+        help="Optuna storage URL (postgresql://, mysql://, sqlite:///) or a journal file "
+        "(journal:PATH or PATH.log); default: sqlite:///<out>/study.db",
+    )
     p.add_argument("--study", help="study name (default: <algo>-<env>-<budget>)")
     p.add_argument("--out", type=Path, help="outputs and trial runs (default: benchmarks/results/tune/<study>/)")
-    p.add_argument("--params", nargs="+", metavar="NAME", help="search only these parameters of the space; the "
-                   "others keep the script's defaults (default: the whole space)")
-    p.add_argument("--evals", type=int, default=5, help="evaluations per run: sets --eval-interval BUDGET/EVALS "
-                   "unless the script args give one; 0 keeps the script's own (default: 5)")
-    p.add_argument("--pruner", default="median", help="median (default), none, or threshold:X (prune a trial "
-                   "whose evaluation is below X)")
+    p.add_argument(
+        "--params",
+        nargs="+",
+        metavar="NAME",
+        help="search only these parameters of the space; the others keep the script's defaults (default: the whole space)",
+    )
+    p.add_argument(
+        "--evals",
+        type=int,
+        default=5,
+        help="evaluations per run: sets --eval-interval BUDGET/EVALS "
+        "unless the script args give one; 0 keeps the script's own (default: 5)",
+    )
+    p.add_argument(
+        "--pruner", default="median", help="median (default), none, or threshold:X (prune a trial whose evaluation is below X)"
+    )
     p.add_argument("--warmup", help="env steps before a trial can be pruned (default: a third of the budget)")
-    p.add_argument("--startup-trials", type=int, default=5, help="median pruner: trials that complete before "
-                   "pruning starts (default: 5)")
+    p.add_argument(
+        "--startup-trials", type=int, default=5, help="median pruner: trials that complete before pruning starts (default: 5)"
+    )
     p.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (reproducible with one worker)")
     return p.parse_args(own), fixed
 
@@ -294,8 +330,9 @@ def check_script_args(module, args) -> None:
         if type(e).__name__ == "ConfigError":  # the script's own message
             raise common.BenchmarkError(str(e)) from None
         first = (str(e).splitlines() or [""])[0]
-        raise common.BenchmarkError(f"{module.__name__}.py failed to check its args and env {args.env_id!r}: "
-                                    f"{type(e).__name__}: {first}") from None
+        raise common.BenchmarkError(
+            f"{module.__name__}.py failed to check its args and env {args.env_id!r}: {type(e).__name__}: {first}"
+        ) from None
     finally:
         os.environ.pop("MUJOCO_GL", None)
         if saved is not None:
@@ -350,8 +387,9 @@ def setup(argv: Sequence[str]) -> Setup:
     opts, fixed = parse_cli(argv)
     script = common.resolve_script(opts.algo)
     if script.stem not in SAMPLERS:
-        raise common.BenchmarkError(f"--algo {opts.algo!r}: no search space for {script.stem} "
-                                    f"(tune.py has one for {', '.join(SAMPLERS)})")
+        raise common.BenchmarkError(
+            f"--algo {opts.algo!r}: no search space for {script.stem} (tune.py has one for {', '.join(SAMPLERS)})"
+        )
     common.reject_managed(fixed, MANAGED, "tune.py")
     budget = common.parse_steps(opts.budget)
     if opts.trials < 1 or opts.evals < 0 or opts.startup_trials < 0:
@@ -371,8 +409,9 @@ def setup(argv: Sequence[str]) -> Setup:
     space, _ = dry_samples(sampler, base, lambda name: True)
     unknown = sorted(set(opts.params or []) - set(space))
     if unknown:
-        raise common.BenchmarkError(f"--params {' '.join(unknown)}: not in the search space of {script.stem} "
-                                    f"({', '.join(space)})")
+        raise common.BenchmarkError(
+            f"--params {' '.join(unknown)}: not in the search space of {script.stem} ({', '.join(space)})"
+        )
     only = set(opts.params or space)
     searched = lambda name: name in only and name not in fixed_set  # noqa: E731
     if not any(map(searched, space)):
@@ -383,8 +422,25 @@ def setup(argv: Sequence[str]) -> Setup:
     study = opts.study or f"{script.stem}-{common.slug(opts.env.replace('/', '-'))}-{steps_text(budget)}"
     out = (opts.out or common.ROOT / "benchmarks" / "results" / "tune" / common.slug(study)).resolve()
     storage = opts.storage or f"sqlite:///{out / 'study.db'}"
-    return Setup(script, opts.env, budget, list(dict.fromkeys(opts.seeds)), opts.trials, fixed, tool_args, study,
-                 out, storage, searched, space, opts.pruner, warmup, opts.startup_trials, opts.sampler_seed, base)
+    return Setup(
+        script,
+        opts.env,
+        budget,
+        list(dict.fromkeys(opts.seeds)),
+        opts.trials,
+        fixed,
+        tool_args,
+        study,
+        out,
+        storage,
+        searched,
+        space,
+        opts.pruner,
+        warmup,
+        opts.startup_trials,
+        opts.sampler_seed,
+        base,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -392,7 +448,7 @@ def setup(argv: Sequence[str]) -> Setup:
 # ---------------------------------------------------------------------------------------
 def journal_path(storage: str) -> str | None:
     if storage.startswith("journal:"):
-        return storage[len("journal:"):]
+        return storage[len("journal:") :]
     if "://" not in storage and storage.endswith(".log"):
         return storage
     return None
@@ -411,18 +467,19 @@ def open_storage(storage: str):
 
     path = journal_path(storage)
     if path is None and "://" not in storage:
-        raise common.BenchmarkError(f"--storage {storage!r}: give an Optuna storage URL (sqlite:///PATH, "
-                                    "postgresql://..., mysql://...) or a journal file (journal:PATH or PATH.log)")
+        raise common.BenchmarkError(
+            f"--storage {storage!r}: give an Optuna storage URL (sqlite:///PATH, "
+            "postgresql://..., mysql://...) or a journal file (journal:PATH or PATH.log)"
+        )
     try:
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             return optuna.storages.JournalStorage(JournalFileBackend(str(Path(path).resolve())))
         if storage.startswith("sqlite:///"):
-            Path(storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+            Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_SECONDS,
-                                              grace_period=GRACE_SECONDS)
+            return optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS)
     except Exception as e:
         raise common.BenchmarkError(f"--storage {storage!r}: cannot open it ({str(e).splitlines()[0]})") from None
 
@@ -432,16 +489,22 @@ def open_study(s: Setup):
     import optuna
 
     study = optuna.create_study(
-        storage=open_storage(s.storage), study_name=s.study, direction="maximize", load_if_exists=True,
+        storage=open_storage(s.storage),
+        study_name=s.study,
+        direction="maximize",
+        load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=s.sampler_seed, constant_liar=True),
-        pruner=make_pruner(s.pruner, s.warmup, s.startup_trials))
+        pruner=make_pruner(s.pruner, s.warmup, s.startup_trials),
+    )
     stored = study.user_attrs.get("config")
     if stored is None:
         study.set_user_attr("config", s.config)
     elif stored != s.config:
         diff = {k: (stored.get(k), v) for k, v in s.config.items() if stored.get(k) != v}
-        raise common.BenchmarkError(f"study {s.study!r} in {s.storage} was started with another config "
-                                    f"(stored, now): {diff}; give this search its own --study")
+        raise common.BenchmarkError(
+            f"study {s.study!r} in {s.storage} was started with another config "
+            f"(stored, now): {diff}; give this search its own --study"
+        )
     return study
 
 
@@ -471,8 +534,21 @@ class SeedRun:
     def __init__(self, s: Setup, trial_dir: Path, seed: int, sampled: list[str], env: dict):
         self.seed, self.dir = seed, trial_dir / f"seed{seed}"
         self.dir.mkdir(parents=True)
-        self.command = [sys.executable, str(s.script), "--env-id", s.env, "--seed", str(seed), "--total-timesteps",
-                        str(s.budget), "--output-dir", str(self.dir / "tb"), *s.tool_args, *sampled, *s.fixed]
+        self.command = [
+            sys.executable,
+            str(s.script),
+            "--env-id",
+            s.env,
+            "--seed",
+            str(seed),
+            "--total-timesteps",
+            str(s.budget),
+            "--output-dir",
+            str(self.dir / "tb"),
+            *s.tool_args,
+            *sampled,
+            *s.fixed,
+        ]
         self.log = open(self.dir / "log.txt", "w")
         self.proc = subprocess.Popen(self.command, cwd=self.dir, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.reader: common.EvalReader | None = None
@@ -489,7 +565,8 @@ class SeedRun:
     def failure(self) -> str:
         tail = (self.dir / "log.txt").read_text(errors="replace").strip().splitlines()[-LOG_TAIL_LINES:]
         return f"seed {self.seed} exited with code {self.proc.returncode} ({self.dir / 'log.txt'}): " + " | ".join(
-            line.strip() for line in tail)
+            line.strip() for line in tail
+        )
 
     def stop(self) -> None:
         """End the process (terminate, then kill) and wait for it."""
@@ -572,7 +649,7 @@ class Objective:
     def final_value(self, trial, runs: list[SeedRun], curves: list[dict[int, float]]) -> float:
         """The objective: each seed's last evaluation (the final one), averaged."""
         finals = {}
-        for run, curve in zip(runs, curves):
+        for run, curve in zip(runs, curves, strict=True):
             if not curve:
                 self.fail(trial, f"seed {run.seed}: no eval/return_mean in {run.dir / 'tb'}")
             finals[run.seed] = curve[max(curve)]
@@ -608,14 +685,21 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 def trial_rows(study) -> tuple[list[str], list[dict]]:
     trials = study.get_trials(deepcopy=False)
     params = list(dict.fromkeys(name for t in trials for name in t.params))
-    rows = [{"number": t.number, "state": t.state.name, "value": "" if t.value is None else round(t.value, 4),
-             "duration_s": "" if t.duration is None else round(t.duration.total_seconds(), 1),
-             "last_reported_step": max(t.intermediate_values, default=""),
-             "pruned_at_step": t.user_attrs.get("pruned_at_step", ""), "error": t.user_attrs.get("error", ""),
-             "flags": shlex.join(t.user_attrs.get("flags", [])), **{p: t.params.get(p, "") for p in params}}
-            for t in trials]
-    return ["number", "state", "value", "duration_s", "last_reported_step", "pruned_at_step", "error", "flags",
-            *params], rows
+    rows = [
+        {
+            "number": t.number,
+            "state": t.state.name,
+            "value": "" if t.value is None else round(t.value, 4),
+            "duration_s": "" if t.duration is None else round(t.duration.total_seconds(), 1),
+            "last_reported_step": max(t.intermediate_values, default=""),
+            "pruned_at_step": t.user_attrs.get("pruned_at_step", ""),
+            "error": t.user_attrs.get("error", ""),
+            "flags": shlex.join(t.user_attrs.get("flags", [])),
+            **{p: t.params.get(p, "") for p in params},
+        }
+        for t in trials
+    ]
+    return ["number", "state", "value", "duration_s", "last_reported_step", "pruned_at_step", "error", "flags", *params], rows
 
 
 def write_table(path: Path, header: list[str], rows: list[dict]) -> None:
@@ -630,12 +714,19 @@ def write_table(path: Path, header: list[str], rows: list[dict]) -> None:
 
 def best_markdown(s: Setup, rows: list[dict], counts: dict[str, int]) -> str:
     complete = sorted((r for r in rows if r["state"] == "COMPLETE"), key=lambda r: -r["value"])[:BEST_ROWS]
-    lines = [f"# Study `{s.study}`: {s.algo} on {s.env}, {s.budget:,} steps, seeds {' '.join(map(str, s.seeds))}",
-             "", "Trials: " + ", ".join(f"{n} {state.lower()}" for state, n in counts.items() if n), "",
-             f"Objective: final deterministic evaluation (mean over seeds). Best {len(complete)}:", "",
-             "| rank | trial | value | seconds | flags |", "|---|---|---|---|---|"]
-    lines += [f"| {i} | {r['number']} | {r['value']:.2f} | {r['duration_s']} | `{r['flags']}` |"
-              for i, r in enumerate(complete, 1)]
+    lines = [
+        f"# Study `{s.study}`: {s.algo} on {s.env}, {s.budget:,} steps, seeds {' '.join(map(str, s.seeds))}",
+        "",
+        "Trials: " + ", ".join(f"{n} {state.lower()}" for state, n in counts.items() if n),
+        "",
+        f"Objective: final deterministic evaluation (mean over seeds). Best {len(complete)}:",
+        "",
+        "| rank | trial | value | seconds | flags |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {i} | {r['number']} | {r['value']:.2f} | {r['duration_s']} | `{r['flags']}` |" for i, r in enumerate(complete, 1)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -644,11 +735,30 @@ def best_commands(s: Setup, trial) -> str:
     sampled = trial.user_attrs.get("flags", [])
     script = os.path.relpath(s.script, common.ROOT)
     one = shlex.join(["python", script, "--env-id", s.env, "--total-timesteps", str(s.budget), *sampled, *s.fixed])
-    grid = shlex.join(["python", "benchmarks/run.py", "--algo", s.algo, "--env", s.env, "--seeds", "1", "2",
-                       "--budget", steps_text(s.budget), "--tag", f"{s.study}-trial{trial.number}", "--",
-                       *sampled, *s.fixed])
-    return (f"# best trial {trial.number} of study {s.study}: value {trial.value:.2f}\n{one}\n"
-            f"# the same config over 2 seeds with the benchmark runner\n{grid}\n")
+    grid = shlex.join(
+        [
+            "python",
+            "benchmarks/run.py",
+            "--algo",
+            s.algo,
+            "--env",
+            s.env,
+            "--seeds",
+            "1",
+            "2",
+            "--budget",
+            steps_text(s.budget),
+            "--tag",
+            f"{s.study}-trial{trial.number}",
+            "--",
+            *sampled,
+            *s.fixed,
+        ]
+    )
+    return (
+        f"# best trial {trial.number} of study {s.study}: value {trial.value:.2f}\n{one}\n"
+        f"# the same config over 2 seeds with the benchmark runner\n{grid}\n"
+    )
 
 
 def save_plot(path: Path, plot: Callable[[], Any]) -> None:
@@ -668,7 +778,6 @@ def save_plot(path: Path, plot: Callable[[], Any]) -> None:
 def write_plots(s: Setup, study, n_complete: int) -> list[str]:
     """The optimization history, the intermediate values (learning curves) and, with >= 2 complete
     trials, the parameter importances. Returns one note per plot that could not be drawn."""
-    import optuna
     from optuna.visualization import matplotlib as vis
 
     warnings.simplefilter("ignore")  # "experimental" and empty-legend warnings of the plots
@@ -741,8 +850,10 @@ def main() -> int:
     study = open_study(s)
     finished = count_finished(study)
     todo = max(0, s.trials - finished)
-    print(f"study {s.study} in {s.storage}: {finished} of {s.trials} trials finished (complete or pruned), "
-          f"{todo} to go (seeds {' '.join(map(str, s.seeds))}; {s.budget:,} steps each)")
+    print(
+        f"study {s.study} in {s.storage}: {finished} of {s.trials} trials finished (complete or pruned), "
+        f"{todo} to go (seeds {' '.join(map(str, s.seeds))}; {s.budget:,} steps each)"
+    )
     print(f"live view: optuna-dashboard {dashboard_target(s.storage)}", flush=True)
     signal.signal(signal.SIGTERM, interrupt)
     logging.getLogger("optuna.study._optimize").addFilter(ShortFailure())

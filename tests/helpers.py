@@ -7,8 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -28,20 +28,38 @@ def script_env(extra: dict | None = None) -> dict:
     return {**env, **(extra or {})}
 
 
-def run_cli(script: str, args: Sequence[str], cwd: Path | str | None = None, timeout: float = 600,
-            script_dir: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    script: str,
+    args: Sequence[str],
+    cwd: Path | str | None = None,
+    timeout: float = 600,
+    script_dir: Path = ROOT,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
     """Run ``python <script_dir>/<script> <args>`` as a user would; return the finished process."""
-    return subprocess.run([sys.executable, str(Path(script_dir) / script), *args], cwd=cwd, env=script_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(Path(script_dir) / script), *args],
+        cwd=cwd,
+        env=script_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def start_interruptible(cmd: Sequence[str], **popen_kwargs) -> subprocess.Popen:
     """Popen a training run that a test will SIGINT. A shell without job control starts
     background jobs (`make test &`, `nohup ...`) with SIGINT ignored, and Python keeps it
     ignored; the child gets the default handler back so Ctrl-C reaches it as a user's would."""
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=script_env(),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen_kwargs)
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=script_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        **popen_kwargs,
+    )
 
 
 def single_run_dir(output_dir: Path | str) -> Path:
@@ -60,9 +78,15 @@ def read_scalars(run_dir: Path | str) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def check_probe(env_id: str, gamma: float, value_fn: Callable[[np.ndarray], np.ndarray],
-                action_fn: Callable[[np.ndarray], np.ndarray], policy_return_fn: Callable[[float], float],
-                value_tol: float, action_tol: float) -> None:
+def check_probe(
+    env_id: str,
+    gamma: float,
+    value_fn: Callable[[np.ndarray], np.ndarray],
+    action_fn: Callable[[np.ndarray], np.ndarray],
+    policy_return_fn: Callable[[float], float],
+    value_tol: float,
+    action_tol: float,
+) -> None:
     """Assert a trained agent matches ``probe_envs.expected_outcomes(env_id, gamma)``.
 
     value_fn / action_fn map raw observations ``(n, 1)`` to values ``(n,)`` and
@@ -80,4 +104,5 @@ def check_probe(env_id: str, gamma: float, value_fn: Callable[[np.ndarray], np.n
         if check.action is not None:
             action = float(np.asarray(action_fn(obs)).reshape(-1)[0])
             assert abs(action - check.action) <= action_tol, (
-                f"{env_id}: action at obs {check.obs} = {action:.4f}, expected {check.action} ± {action_tol}")
+                f"{env_id}: action at obs {check.obs} = {action:.4f}, expected {check.action} ± {action_tol}"
+            )

@@ -11,7 +11,6 @@ import re
 import statistics
 
 import pytest
-
 from helpers import ROOT, read_scalars, run_cli, single_run_dir
 
 BENCH = ROOT / "benchmarks"
@@ -34,12 +33,34 @@ def read_csv(path) -> list[dict]:
 def grid(tmp_path_factory):
     """ppo_discrete on CartPole-v1, seeds 1 and 2, 2048 steps, 2 parallel jobs."""
     out = tmp_path_factory.mktemp("bench") / "results" / "ppo_discrete.csv"
-    command = ["--algo", "ppo_discrete", "--env", "CartPole-v1", "--seeds", "1", "2", "--budget", "2048",
-               "--out", out, "--jobs", "2", "--", *SCRIPT_ARGS]
+    command = [
+        "--algo",
+        "ppo_discrete",
+        "--env",
+        "CartPole-v1",
+        "--seeds",
+        "1",
+        "2",
+        "--budget",
+        "2048",
+        "--out",
+        out,
+        "--jobs",
+        "2",
+        "--",
+        *SCRIPT_ARGS,
+    ]
     proc = bench("run.py", *command)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    runs = {seed: out.parent / "ppo_discrete_runs" / "ppo_discrete" / TAG.replace(" ", "-") / "CartPole-v1" /
-            f"seed{seed}-{BUDGET}" for seed in (1, 2)}
+    runs = {
+        seed: out.parent
+        / "ppo_discrete_runs"
+        / "ppo_discrete"
+        / TAG.replace(" ", "-")
+        / "CartPole-v1"
+        / f"seed{seed}-{BUDGET}"
+        for seed in (1, 2)
+    }
     return out, command, runs
 
 
@@ -52,7 +73,7 @@ def test_runner_writes_one_row_per_evaluation(grid):
         assert {(r["algo"], r["tag"], r["env"], r["budget"]) for r in mine} == {("ppo_discrete", TAG, "CartPole-v1", "2048")}
         scalars = read_scalars(single_run_dir(run / "tb"))  # independent read-back of the run's events
         assert [int(r["step"]) for r in mine] == [s for s, _ in scalars["eval/return_mean"]] == [1024, 2048]
-        for r, (_, mean), (_, std) in zip(mine, scalars["eval/return_mean"], scalars["eval/return_std"]):
+        for r, (_, mean), (_, std) in zip(mine, scalars["eval/return_mean"], scalars["eval/return_std"], strict=True):
             assert float(r["eval_return"]) == pytest.approx(mean, abs=1e-3)
             assert float(r["eval_std"]) == pytest.approx(std, abs=1e-3)
         walls = [float(r["wall_time"]) for r in mine]
@@ -84,11 +105,14 @@ def test_runner_resumes_and_redoes_an_unfinished_run(grid):
     assert [r["step"] for r in rows if r["seed"] == "2"] == ["1024", "2048"], "redone run's rows must not duplicate"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--env", "CartPole-v1", "Acrobot-v1", "--budget", "CartPole-v1=1000"], "no --budget for ['Acrobot-v1']"),
-    (["--env", "CartPole-v1", "--budget", "10x"], "'10x' is not a positive whole number"),
-    (["--env", "CartPole-v1", "--budget", "1000", "--", "--seed", "3"], "--seed is set by run.py"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env", "CartPole-v1", "Acrobot-v1", "--budget", "CartPole-v1=1000"], "no --budget for ['Acrobot-v1']"),
+        (["--env", "CartPole-v1", "--budget", "10x"], "'10x' is not a positive whole number"),
+        (["--env", "CartPole-v1", "--budget", "1000", "--", "--seed", "3"], "--seed is set by run.py"),
+    ],
+)
 def test_runner_bad_input_is_one_line(tmp_path, args, message):
     proc = bench("run.py", "--algo", "ppo_discrete", "--out", tmp_path / "r.csv", *args)
     (line,) = proc.stderr.strip().splitlines()
@@ -158,13 +182,29 @@ def test_report_on_runner_results(grid, tmp_path):
 
 
 def test_throughput_reports_both_sps_and_their_ratio(tmp_path):
-    proc = bench("throughput.py", "--algo", "ppo_discrete", "--steps", "2048", "--csv", tmp_path / "t.csv",
-                 "--md", tmp_path / "t.md", "--profile", tmp_path / "profile.txt", "--", "--num-envs", "4",
-                 "--num-steps", "128")
+    proc = bench(
+        "throughput.py",
+        "--algo",
+        "ppo_discrete",
+        "--steps",
+        "2048",
+        "--csv",
+        tmp_path / "t.csv",
+        "--md",
+        tmp_path / "t.md",
+        "--profile",
+        tmp_path / "profile.txt",
+        "--",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "128",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     train = float(re.search(r"training SPS: +([\d.]+) +\((\d+) steps", proc.stdout).group(1))
-    rand, before, after = map(float, re.search(
-        r"random-action SPS: +([\d.]+) +\(before ([\d.]+), after ([\d.]+)", proc.stdout).groups())
+    rand, before, after = map(
+        float, re.search(r"random-action SPS: +([\d.]+) +\(before ([\d.]+), after ([\d.]+)", proc.stdout).groups()
+    )
     ratio = float(re.search(r"ratio training/random: +([\d.]+)", proc.stdout).group(1))
     assert train > 0 and before > 0 and after > 0
     assert rand == pytest.approx((before + after) / 2, abs=0.1)
@@ -191,6 +231,22 @@ def test_throughput_bad_input_is_one_line(tmp_path):
 
 def test_runner_refuses_to_mix_configs_under_one_tag(grid):
     out, _, _ = grid
-    proc = bench("run.py", "--algo", "ppo_discrete", "--env", "CartPole-v1", "--seeds", "1", "--budget", BUDGET,
-                 "--out", out, "--tag", TAG, "--", "--num-envs", "2")
+    proc = bench(
+        "run.py",
+        "--algo",
+        "ppo_discrete",
+        "--env",
+        "CartPole-v1",
+        "--seeds",
+        "1",
+        "--budget",
+        BUDGET,
+        "--out",
+        out,
+        "--tag",
+        TAG,
+        "--",
+        "--num-envs",
+        "2",
+    )
     assert proc.returncode == 1 and "give this config its own --tag" in proc.stderr

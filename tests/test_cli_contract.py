@@ -23,13 +23,34 @@ from tests.helpers import ROOT, read_scalars, run_cli, single_run_dir, start_int
 # Per script: a cheap env it accepts, its tiny-run flags (rollout of BATCH steps), a probe it accepts.
 BATCH = 128
 SCRIPTS = {
-    "ppo_discrete": dict(env="CartPole-v1", probe="Probe1Discrete-v0",
-                         tiny=["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1"]),
-    "ppo_continuous": dict(env="Pendulum-v1", probe="Probe1Continuous-v0",
-                           tiny=["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1"]),
-    "vmpo_continuous": dict(env="Pendulum-v1", probe="Probe1Continuous-v0",
-                            tiny=["--num-envs", "2", "--num-steps", "64", "--m-steps", "2", "--policy-hidden-sizes", "32",
-                                  "32", "--value-hidden-sizes", "32", "32"]),
+    "ppo_discrete": dict(
+        env="CartPole-v1",
+        probe="Probe1Discrete-v0",
+        tiny=["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1"],
+    ),
+    "ppo_continuous": dict(
+        env="Pendulum-v1",
+        probe="Probe1Continuous-v0",
+        tiny=["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1"],
+    ),
+    "vmpo_continuous": dict(
+        env="Pendulum-v1",
+        probe="Probe1Continuous-v0",
+        tiny=[
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "64",
+            "--m-steps",
+            "2",
+            "--policy-hidden-sizes",
+            "32",
+            "32",
+            "--value-hidden-sizes",
+            "32",
+            "32",
+        ],
+    ),
 }
 NAMES = list(SCRIPTS)
 
@@ -50,8 +71,9 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("checkpoints")
     paths = {}
     for name in NAMES:
-        result = train(name, *tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0",
-                                       "--output-dir", str(out / name)))
+        result = train(
+            name, *tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0", "--output-dir", str(out / name))
+        )
         paths[name] = Path(result["run_dir"]) / f"{name}_last.pt"
     return paths
 
@@ -136,8 +158,12 @@ def test_video_of_an_env_that_cannot_render_is_one_clear_error(name, tmp_path):
 @pytest.mark.parametrize("name", NAMES)
 def test_video_of_a_classic_control_env(name, tmp_path):
     """CartPole-v1 (discrete) and Pendulum-v1 (continuous) render through pygame."""
-    proc = run_cli(f"{name}.py", tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0",
-                                          "--capture-video", "--output-dir", str(tmp_path)))
+    proc = run_cli(
+        f"{name}.py",
+        tiny_cli(
+            name, "--total-timesteps", str(BATCH), "--eval-interval", "0", "--capture-video", "--output-dir", str(tmp_path)
+        ),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     videos = list((single_run_dir(tmp_path) / "videos").glob("*.mp4"))
     assert videos, "no mp4 written"
@@ -163,18 +189,36 @@ def test_without_any_gl_library_training_works_and_video_names_the_package(name,
     no_gl = {"PYTHONPATH": str(tmp_path / "nogl")}
     # Training and evaluation need no GL (a dm_control task where the script takes one).
     env = "CartPole-v1" if name == "ppo_discrete" else "dm_control/cartpole/balance"
-    proc = run_cli(f"{name}.py", tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0",
-                                          "--output-dir", str(tmp_path / "train"), env=env), env=no_gl)
+    proc = run_cli(
+        f"{name}.py",
+        tiny_cli(
+            name, "--total-timesteps", str(BATCH), "--eval-interval", "0", "--output-dir", str(tmp_path / "train"), env=env
+        ),
+        env=no_gl,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (single_run_dir(tmp_path / "train") / f"{name}_last.pt").is_file()
     if name == "ppo_discrete":  # no MuJoCo env has Discrete actions; CartPole's video needs no GL
-        proc = run_cli(f"{name}.py", tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0",
-                                              "--capture-video", "--output-dir", str(tmp_path / "video")), env=no_gl)
+        proc = run_cli(
+            f"{name}.py",
+            tiny_cli(
+                name,
+                "--total-timesteps",
+                str(BATCH),
+                "--eval-interval",
+                "0",
+                "--capture-video",
+                "--output-dir",
+                str(tmp_path / "video"),
+            ),
+            env=no_gl,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert list((single_run_dir(tmp_path / "video") / "videos").glob("*.mp4"))
     else:
-        proc = run_cli(f"{name}.py", tiny_cli(name, "--capture-video", "--output-dir", str(tmp_path / "video"), env=env),
-                       env=no_gl)
+        proc = run_cli(
+            f"{name}.py", tiny_cli(name, "--capture-video", "--output-dir", str(tmp_path / "video"), env=env), env=no_gl
+        )
         line = one_error_line(proc)
         assert "no OpenGL library loads" in line and "apt-get install libegl1" in line and "libosmesa6" in line
         assert not (tmp_path / "video").exists()
@@ -187,12 +231,25 @@ def test_without_any_gl_library_training_works_and_video_names_the_package(name,
 
 @pytest.mark.parametrize("name", NAMES)
 def test_resume_extends_to_the_new_total_and_says_so(name, checkpoints, tmp_path, capsys):
-    resumed = train(name, *tiny_cli(name, "--total-timesteps", str(3 * BATCH), "--eval-interval", "0",
-                                    "--resume", str(checkpoints[name]), "--output-dir", str(tmp_path)))
+    resumed = train(
+        name,
+        *tiny_cli(
+            name,
+            "--total-timesteps",
+            str(3 * BATCH),
+            "--eval-interval",
+            "0",
+            "--resume",
+            str(checkpoints[name]),
+            "--output-dir",
+            str(tmp_path),
+        ),
+    )
     assert resumed["global_step"] == 3 * BATCH
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resuming")]
-    assert lines == [f"resuming {checkpoints[name]} at step {BATCH} with its saved hyperparameters; "
-                     f"training to step {3 * BATCH}"]
+    assert lines == [
+        f"resuming {checkpoints[name]} at step {BATCH} with its saved hyperparameters; training to step {3 * BATCH}"
+    ]
     assert [step for step, _ in read_scalars(resumed["run_dir"])["charts/SPS"]] == [2 * BATCH, 3 * BATCH]
     ckpt = torch.load(Path(resumed["run_dir"]) / f"{name}_last.pt", weights_only=True)
     assert ckpt["global_step"] == 3 * BATCH
@@ -202,19 +259,28 @@ def test_resume_extends_to_the_new_total_and_says_so(name, checkpoints, tmp_path
 def test_resume_to_a_total_at_or_below_the_saved_step_is_an_error(name, checkpoints, tmp_path):
     module = importlib.import_module(name)
     for total in (BATCH // 2, BATCH, BATCH + BATCH // 2):  # the last rounds down to the saved step
-        with pytest.raises(module.ConfigError, match=rf"--total-timesteps {total} leaves nothing to train after the "
-                                                     rf"checkpoint's step {BATCH}; pass a larger total"):
-            train(name, *tiny_cli(name, "--total-timesteps", str(total), "--resume", str(checkpoints[name]),
-                                  "--output-dir", str(tmp_path)))
+        with pytest.raises(
+            module.ConfigError,
+            match=rf"--total-timesteps {total} leaves nothing to train after the "
+            rf"checkpoint's step {BATCH}; pass a larger total",
+        ):
+            train(
+                name,
+                *tiny_cli(
+                    name, "--total-timesteps", str(total), "--resume", str(checkpoints[name]), "--output-dir", str(tmp_path)
+                ),
+            )
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_total_that_is_not_whole_rollouts_is_announced(name, tmp_path, capsys):
-    result = train(name, *tiny_cli(name, "--total-timesteps", str(2 * BATCH + 50), "--eval-interval", "0",
-                                   "--output-dir", str(tmp_path)))
+    result = train(
+        name, *tiny_cli(name, "--total-timesteps", str(2 * BATCH + 50), "--eval-interval", "0", "--output-dir", str(tmp_path))
+    )
     assert result["global_step"] == 2 * BATCH
-    assert (f"training to step {2 * BATCH}: --total-timesteps {2 * BATCH + 50} rounded down to whole rollouts "
-            f"of {BATCH} steps") in capsys.readouterr().out
+    assert (
+        f"training to step {2 * BATCH}: --total-timesteps {2 * BATCH + 50} rounded down to whole rollouts of {BATCH} steps"
+    ) in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -222,9 +288,13 @@ def test_ctrl_c_keeps_the_last_trained_step_and_resume_repeats_nothing(name, tmp
     """SIGINT a real run mid-training: exit 130, one message, a checkpoint of the last completed
     update. Resuming it trains exactly the rollouts after that step: none twice, none skipped."""
     out = tmp_path / "interrupted"
-    proc = start_interruptible([sys.executable, str(ROOT / f"{name}.py"),
-                                *tiny_cli(name, "--total-timesteps", "100000000", "--eval-interval", "0",
-                                          "--output-dir", str(out))])
+    proc = start_interruptible(
+        [
+            sys.executable,
+            str(ROOT / f"{name}.py"),
+            *tiny_cli(name, "--total-timesteps", "100000000", "--eval-interval", "0", "--output-dir", str(out)),
+        ]
+    )
     try:
         progress = 0
         for line in proc.stdout:
@@ -249,8 +319,20 @@ def test_ctrl_c_keeps_the_last_trained_step_and_resume_repeats_nothing(name, tmp
     # Logging follows the save, so the interrupted run logged every update up to the saved one (or the one before).
     assert logged == list(range(BATCH, logged[-1] + 1, BATCH)) and logged[-1] in (saved - BATCH, saved)
 
-    resumed = train(name, *tiny_cli(name, "--total-timesteps", str(saved + 2 * BATCH), "--eval-interval", "0",
-                                    "--resume", str(last), "--output-dir", str(tmp_path / "resumed")))
+    resumed = train(
+        name,
+        *tiny_cli(
+            name,
+            "--total-timesteps",
+            str(saved + 2 * BATCH),
+            "--eval-interval",
+            "0",
+            "--resume",
+            str(last),
+            "--output-dir",
+            str(tmp_path / "resumed"),
+        ),
+    )
     assert [step for step, _ in read_scalars(resumed["run_dir"])["charts/SPS"]] == [saved + BATCH, saved + 2 * BATCH]
 
 
@@ -264,8 +346,13 @@ def test_copied_alone_into_an_empty_dir_runs_from_its_cli(name, tmp_path):
     """No other project file, no repository on the path: a dm_control task for the continuous scripts."""
     shutil.copy(ROOT / f"{name}.py", tmp_path / f"{name}.py")
     env = "CartPole-v1" if name == "ppo_discrete" else "dm_control/cartpole/balance"
-    proc = run_cli(f"{name}.py", tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0", env=env),
-                   cwd=tmp_path, script_dir=tmp_path, env={"PYTHONPATH": ""})
+    proc = run_cli(
+        f"{name}.py",
+        tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0", env=env),
+        cwd=tmp_path,
+        script_dir=tmp_path,
+        env={"PYTHONPATH": ""},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (single_run_dir(tmp_path / "runs") / f"{name}_last.pt").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{name}.py", "runs"])
@@ -274,8 +361,20 @@ def test_copied_alone_into_an_empty_dir_runs_from_its_cli(name, tmp_path):
 @pytest.mark.parametrize("name", NAMES)
 def test_same_seed_same_numbers_and_another_seed_differs(name, tmp_path):
     def run(seed: int, sub: str):
-        result = train(name, *tiny_cli(name, "--seed", str(seed), "--total-timesteps", str(4 * BATCH),
-                                       "--eval-interval", "0", "--output-dir", str(tmp_path / sub)))
+        result = train(
+            name,
+            *tiny_cli(
+                name,
+                "--seed",
+                str(seed),
+                "--total-timesteps",
+                str(4 * BATCH),
+                "--eval-interval",
+                "0",
+                "--output-dir",
+                str(tmp_path / sub),
+            ),
+        )
         scalars = read_scalars(result["run_dir"])
         weights = torch.load(Path(result["run_dir"]) / f"{name}_last.pt", weights_only=True)["agent"]
         return result["final_eval_return"], scalars, weights
@@ -308,8 +407,11 @@ def test_every_args_field_has_a_docstring(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_track_writes_an_offline_wandb_run(name, tmp_path):
-    proc = run_cli(f"{name}.py", tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0", "--track",
-                                          "--output-dir", str(tmp_path)), env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    proc = run_cli(
+        f"{name}.py",
+        tiny_cli(name, "--total-timesteps", str(BATCH), "--eval-interval", "0", "--track", "--output-dir", str(tmp_path)),
+        env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert list((single_run_dir(tmp_path) / "wandb").glob("offline-run-*/*.wandb")), "no offline wandb run"
 

@@ -202,7 +202,7 @@ def _check_annotations_page(s) -> None:
     """Form (b): per annotation, its formula then the source lines (true numbers) down to its code."""
     fences = _fences(rmd.render_annotations_page(s))
     assert len(fences) == 2 * len(s.annotations)
-    for a, (math, code) in zip(s.annotations, zip(fences[::2], fences[1::2])):
+    for a, (math, code) in zip(s.annotations, zip(fences[::2], fences[1::2], strict=True), strict=True):
         assert math[0] == "math" and math[2] == [a.formula]
         kind, first, body = code
         assert kind == "python" and body == list(s.lines[first - 1 : first - 1 + len(body)])
@@ -253,7 +253,10 @@ def _node() -> str:
 def _katex_failures(items: list[dict]) -> list[dict]:
     proc = subprocess.run(
         [_node(), str(REPO / "tools" / "katex_check.js")],
-        input=json.dumps(items), capture_output=True, text=True, timeout=60,
+        input=json.dumps(items),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
@@ -263,7 +266,7 @@ def test_every_formula_parses_with_katex():
     items = []
     for s in [_script(n) for n in SCRIPTS] + [_fixture()]:
         items += [{"where": f"{s.name}:{a.line}", "tex": a.formula} for a in s.annotations]
-    for sym, here, _, meaning in (row for rows in rmd.NOTATION.values() for row in rows):
+    for sym, here, _, _meaning in (row for rows in rmd.NOTATION.values() for row in rows):
         items += [{"where": "NOTATION", "tex": sym}, {"where": "NOTATION", "tex": here}]
     failures = _katex_failures(items)
     assert not failures, "formulas KaTeX rejects:\n" + "\n".join(f"{f['where']}: {f['error']}" for f in failures)
@@ -281,7 +284,10 @@ def test_mkdocs_site_builds_strict_and_offline(tmp_path):
     site = tmp_path / "site"
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     page = (site / f"{Path(SCRIPTS[0]).stem}.html").read_text(encoding="utf-8")

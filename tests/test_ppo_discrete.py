@@ -15,13 +15,36 @@ from tests.helpers import check_probe, read_scalars, run_cli, single_run_dir
 
 SCRIPT = "ppo_discrete.py"
 # A tiny CartPole configuration for the command-line runs: 4 iterations of 2 envs x 64 steps.
-TINY_CLI = ["--total-timesteps", "512", "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2",
-            "--update-epochs", "2", "--eval-interval", "256", "--eval-episodes", "2"]
+TINY_CLI = [
+    "--total-timesteps",
+    "512",
+    "--num-envs",
+    "2",
+    "--num-steps",
+    "64",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "2",
+    "--eval-interval",
+    "256",
+    "--eval-episodes",
+    "2",
+]
 
 
 def tiny_args(tmp_path: Path, **overrides) -> pd.Args:
-    base = dict(total_timesteps=512, num_envs=2, num_steps=64, num_minibatches=2, update_epochs=2,
-                eval_interval=256, eval_episodes=2, output_dir=str(tmp_path / "runs"), cuda=False)
+    base = dict(
+        total_timesteps=512,
+        num_envs=2,
+        num_steps=64,
+        num_minibatches=2,
+        update_epochs=2,
+        eval_interval=256,
+        eval_episodes=2,
+        output_dir=str(tmp_path / "runs"),
+        cuda=False,
+    )
     return pd.Args(**{**base, **overrides})
 
 
@@ -94,10 +117,10 @@ def gae_case():
     next_values = rng.normal(size=(T, N)).astype(np.float32)
     terminated = np.zeros((T, N), dtype=bool)
     truncated = np.zeros((T, N), dtype=bool)
-    terminated[2, 0] = True                        # env 0: termination mid-rollout
-    truncated[3, 1] = True                         # env 1: truncation mid-rollout
+    terminated[2, 0] = True  # env 0: termination mid-rollout
+    truncated[3, 1] = True  # env 1: truncation mid-rollout
     terminated[1, 2], truncated[4, 2] = True, True  # env 2: both, in two episodes
-    terminated[5, 3] = True                        # env 3: termination at the last step
+    terminated[5, 3] = True  # env 3: termination at the last step
     # As in a real rollout, V(s_{t+1}) is the next stored value except where an episode ended
     # (there it is the value of the final observation) and after the last step.
     continues = ~(terminated | truncated)[:-1]
@@ -108,20 +131,20 @@ def gae_case():
 @pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (0.9, 0.0), (0.8, 1.0)])
 def test_gae_matches_brute_force(gamma, lam):
     rewards, values, next_values, terminated, truncated = gae_case()
-    adv, ret = pd.compute_gae(*(torch.as_tensor(x) for x in (rewards, values, next_values, terminated, truncated)),
-                              gamma, lam)
-    ref_adv, ref_ret = brute_force_gae(rewards.tolist(), values.tolist(), next_values.tolist(),
-                                       terminated.tolist(), truncated.tolist(), gamma, lam)
+    adv, ret = pd.compute_gae(*(torch.as_tensor(x) for x in (rewards, values, next_values, terminated, truncated)), gamma, lam)
+    ref_adv, ref_ret = brute_force_gae(
+        rewards.tolist(), values.tolist(), next_values.tolist(), terminated.tolist(), truncated.tolist(), gamma, lam
+    )
     np.testing.assert_allclose(adv.numpy(), np.array(ref_adv), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ret.numpy(), np.array(ref_ret), rtol=1e-5, atol=1e-5)
 
 
 def test_gae_lambda_one_gives_bootstrapped_discounted_returns():
     rewards, values, next_values, terminated, truncated = gae_case()
-    _, ret = pd.compute_gae(*(torch.as_tensor(x) for x in (rewards, values, next_values, terminated, truncated)),
-                            0.9, 1.0)
-    expected = brute_force_lambda_one_returns(rewards.tolist(), next_values.tolist(), terminated.tolist(),
-                                              truncated.tolist(), 0.9)
+    _, ret = pd.compute_gae(*(torch.as_tensor(x) for x in (rewards, values, next_values, terminated, truncated)), 0.9, 1.0)
+    expected = brute_force_lambda_one_returns(
+        rewards.tolist(), next_values.tolist(), terminated.tolist(), truncated.tolist(), 0.9
+    )
     np.testing.assert_allclose(ret.numpy(), np.array(expected), rtol=1e-5, atol=1e-5)
 
 
@@ -140,7 +163,7 @@ def test_clipped_surrogate_loss_matches_transcription():
     advantages = torch.tensor([1.0, 1.0, -2.0, 0.5, -1.0, -1.0, 3.0])
     eps = 0.2
     terms = []
-    for lr, a in zip(log_ratio.tolist(), advantages.tolist()):
+    for lr, a in zip(log_ratio.tolist(), advantages.tolist(), strict=True):
         ratio = math.exp(lr)
         clipped_ratio = min(max(ratio, 1 - eps), 1 + eps)
         terms.append(min(ratio * a, clipped_ratio * a))  # L^CLIP: the pessimistic of the two
@@ -155,7 +178,7 @@ def test_value_loss_matches_transcription(clip_vloss):
     returns = torch.tensor([2.0, -1.0, 2.2, 0.0, 0.3])
     eps = 0.2
     terms = []
-    for n, o, r in zip(new.tolist(), old.tolist(), returns.tolist()):
+    for n, o, r in zip(new.tolist(), old.tolist(), returns.tolist(), strict=True):
         unclipped = (n - r) ** 2
         if clip_vloss:
             v_clip = o + min(max(n - o, -eps), eps)
@@ -181,16 +204,14 @@ def test_kl_diagnostics_match_transcription_and_exact_kl():
     a = old.sample((200_000,))
     diag = pd.kl_diagnostics(new.log_prob(a) - old.log_prob(a), 0.2)
     assert diag["approx_kl"].item() == pytest.approx(torch.distributions.kl_divergence(old, new).item(), abs=2e-3)
-    assert diag["approx_kl_reverse"].item() == pytest.approx(torch.distributions.kl_divergence(new, old).item(),
-                                                             abs=2e-3)
+    assert diag["approx_kl_reverse"].item() == pytest.approx(torch.distributions.kl_divergence(new, old).item(), abs=2e-3)
 
 
 def test_normalize_advantages_and_explained_variance():
     x = torch.tensor([1.0, 2.0, 3.0, 6.0])
     mean = sum(x.tolist()) / 4
     std = math.sqrt(sum((v - mean) ** 2 for v in x.tolist()) / 3)  # unbiased, as torch.std
-    np.testing.assert_allclose(pd.normalize_advantages(x).numpy(), [(v - mean) / (std + 1e-8) for v in x.tolist()],
-                               rtol=1e-6)
+    np.testing.assert_allclose(pd.normalize_advantages(x).numpy(), [(v - mean) / (std + 1e-8) for v in x.tolist()], rtol=1e-6)
     returns, values = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 2.5, 2.5, 4.0])
     assert pd.explained_variance(values, returns) == pytest.approx(1 - np.var([0, -0.5, 0.5, 0]) / np.var([1, 2, 3, 4]))
     assert pd.explained_variance(returns, returns) == pytest.approx(1.0)
@@ -198,11 +219,13 @@ def test_normalize_advantages_and_explained_variance():
 
 def probe3_vector_env(num_envs: int, max_episode_steps=None):
     import gymnasium as gym
+
     import probe_envs  # noqa: F401
 
     envs = gym.vector.SyncVectorEnv(
         [lambda: gym.make("Probe3Discrete-v0", max_episode_steps=max_episode_steps) for _ in range(num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
 
@@ -243,8 +266,19 @@ def test_rollout_stores_real_successors_and_no_reset_steps(time_limit):
 # ---------------------------------------------------------------------------------------
 # Probes: real training runs, checked through the saved checkpoint
 # ---------------------------------------------------------------------------------------
-PROBE_ARGS = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=4, learning_rate=3e-3,
-                  gae_lambda=0.95, ent_coef=0.0, eval_interval=0, eval_episodes=2, policy_hidden_sizes=(32, 32), value_hidden_sizes=(32, 32))
+PROBE_ARGS = dict(
+    num_envs=4,
+    num_steps=16,
+    num_minibatches=2,
+    update_epochs=4,
+    learning_rate=3e-3,
+    gae_lambda=0.95,
+    ent_coef=0.0,
+    eval_interval=0,
+    eval_episodes=2,
+    policy_hidden_sizes=(32, 32),
+    value_hidden_sizes=(32, 32),
+)
 PROBES = {  # env id -> (gamma, total_timesteps); at 40% of these budgets the errors were < 0.005 for seeds 1-3
     "Probe1Discrete-v0": (0.99, 1024),
     "Probe2Discrete-v0": (0.99, 1024),
@@ -258,8 +292,9 @@ VALUE_TOL = 0.05
 @pytest.mark.parametrize("env_id", list(PROBES))
 def test_learns_probe(env_id, tmp_path):
     gamma, steps = PROBES[env_id]
-    result = pd.train(pd.Args(env_id=env_id, gamma=gamma, total_timesteps=steps, seed=1, cuda=False,
-                              output_dir=str(tmp_path), **PROBE_ARGS))
+    result = pd.train(
+        pd.Args(env_id=env_id, gamma=gamma, total_timesteps=steps, seed=1, cuda=False, output_dir=str(tmp_path), **PROBE_ARGS)
+    )
     agent, _ = load_agent(Path(result["run_dir"]) / "ppo_discrete_last.pt")
 
     def probs(obs):
@@ -276,8 +311,9 @@ def test_learns_probe(env_id, tmp_path):
         p_best = float(probs(np.array([[obs_value]], dtype=np.float32))[0, best])
         return p_best * 1.0 + (1.0 - p_best) * -1.0
 
-    check_probe(env_id, gamma, value_fn, lambda obs: probs(obs).argmax(-1), policy_return_fn,
-                value_tol=VALUE_TOL, action_tol=0)
+    check_probe(
+        env_id, gamma, value_fn, lambda obs: probs(obs).argmax(-1), policy_return_fn, value_tol=VALUE_TOL, action_tol=0
+    )
     if env_id[5] in "45":  # the policy has become (nearly) deterministic, and greedy eval is perfect
         assert policy_return_fn(1.0) > 0.9
         assert result["final_eval_return"] == 1.0
@@ -286,10 +322,25 @@ def test_learns_probe(env_id, tmp_path):
 # ---------------------------------------------------------------------------------------
 # The real command line on CartPole-v1
 # ---------------------------------------------------------------------------------------
-EXPECTED_TAGS = {"charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-                 "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/old_approx_kl",
-                 "losses/approx_kl", "losses/approx_kl_reverse", "losses/clipfrac", "losses/explained_variance",
-                 "eval/return_mean", "eval/return_std", "eval/return_min", "eval/return_max", "eval/length_mean"}
+EXPECTED_TAGS = {
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/approx_kl_reverse",
+    "losses/clipfrac",
+    "losses/explained_variance",
+    "eval/return_mean",
+    "eval/return_std",
+    "eval/return_min",
+    "eval/return_max",
+    "eval/length_mean",
+}
 
 
 @pytest.fixture(scope="module")
@@ -322,8 +373,7 @@ def test_cli_smoke_logs_tags_and_writes_reloadable_checkpoints(cli_run):
 def test_eval_only_on_saved_checkpoint(cli_run, tmp_path):
     _, run_dir = cli_run
     ckpt = run_dir / "ppo_discrete_best.pt"
-    proc = run_cli(SCRIPT, ["--eval-only", "--checkpoint", str(ckpt), "--eval-episodes", "3",
-                            "--output-dir", str(tmp_path)])
+    proc = run_cli(SCRIPT, ["--eval-only", "--checkpoint", str(ckpt), "--eval-episodes", "3", "--output-dir", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr
     assert f"eval of {ckpt}: return" in proc.stdout and "over 3 episodes" in proc.stdout
     scalars = read_scalars(single_run_dir(tmp_path))
@@ -333,8 +383,9 @@ def test_eval_only_on_saved_checkpoint(cli_run, tmp_path):
 
 def test_eval_only_takes_the_env_from_the_checkpoint(cli_run, tmp_path):
     _, run_dir = cli_run
-    result = pd.train(tiny_args(tmp_path, env_id="Acrobot-v1", eval_only=True,
-                                checkpoint=str(run_dir / "ppo_discrete_last.pt")))
+    result = pd.train(
+        tiny_args(tmp_path, env_id="Acrobot-v1", eval_only=True, checkpoint=str(run_dir / "ppo_discrete_last.pt"))
+    )
     assert Path(result["run_dir"]).name.startswith("CartPole-v1__")  # the saved env, not --env-id
 
 
@@ -362,16 +413,21 @@ def test_resume_continues_schedule_and_step_counter(tmp_path):
 # ---------------------------------------------------------------------------------------
 # Bad input: one clear line, checked message
 # ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("overrides,message", [
-    (dict(env_id="NoSuchEnv-v9"), "unknown env id 'NoSuchEnv-v9'"),
-    (dict(env_id="Pendulum-v1"), "ppo_continuous.py"),
-    (dict(num_envs=3, num_steps=5, num_minibatches=4), "batch size num_envs * num_steps = 15 is not divisible by "
-                                                       "--num-minibatches 4"),
-    (dict(total_timesteps=0), "--total-timesteps must be a positive integer, got 0"),
-    (dict(total_timesteps=-100), "--total-timesteps must be a positive integer, got -100"),
-    (dict(eval_only=True), "--eval-only needs --checkpoint"),
-    (dict(eval_only=True, checkpoint="missing.pt"), "--checkpoint 'missing.pt': no such file"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(env_id="NoSuchEnv-v9"), "unknown env id 'NoSuchEnv-v9'"),
+        (dict(env_id="Pendulum-v1"), "ppo_continuous.py"),
+        (
+            dict(num_envs=3, num_steps=5, num_minibatches=4),
+            "batch size num_envs * num_steps = 15 is not divisible by --num-minibatches 4",
+        ),
+        (dict(total_timesteps=0), "--total-timesteps must be a positive integer, got 0"),
+        (dict(total_timesteps=-100), "--total-timesteps must be a positive integer, got -100"),
+        (dict(eval_only=True), "--eval-only needs --checkpoint"),
+        (dict(eval_only=True, checkpoint="missing.pt"), "--checkpoint 'missing.pt': no such file"),
+    ],
+)
 def test_bad_input_raises_config_error(overrides, message, tmp_path):
     with pytest.raises(pd.ConfigError) as err:
         pd.train(tiny_args(tmp_path, **overrides))
@@ -391,7 +447,13 @@ def test_non_finite_loss_stops_with_step_and_last_good_checkpoint(tmp_path):
 def synthetic_batch(n=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     obs = torch.randn(n, 3, generator=g)
-    return {"obs": obs, "actions": torch.randint(0, 2, (n,), generator=g), "values": torch.zeros(n), "advantages": torch.randn(n, generator=g), "returns": torch.randn(n, generator=g)}
+    return {
+        "obs": obs,
+        "actions": torch.randint(0, 2, (n,), generator=g),
+        "values": torch.zeros(n),
+        "advantages": torch.randn(n, generator=g),
+        "returns": torch.randn(n, generator=g),
+    }
 
 
 @pytest.mark.parametrize("target_kl,expected_steps", [(None, 3 * 2), (1e-9, 2)])

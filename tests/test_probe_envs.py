@@ -35,7 +35,7 @@ def test_value_probes_rewards(continuous):
     zero = np.zeros(1, np.float32) if continuous else 0
     assert [s[1] for s in rollout(f"Probe1{kind}-v0", lambda o: zero)] == [1.0]
     for seed in range(6):
-        (obs, reward, _, _), = rollout(f"Probe2{kind}-v0", lambda o: zero, seed)
+        ((obs, reward, _, _),) = rollout(f"Probe2{kind}-v0", lambda o: zero, seed)
         assert obs[0] in (-1.0, 1.0) and reward == obs[0]
     (o0, r0, t0, _), (o1, r1, t1, _) = rollout(f"Probe3{kind}-v0", lambda o: zero)
     assert (o0[0], r0, t0, o1[0], r1, t1) == (0.0, 0.0, False, 1.0, 1.0, True)
@@ -47,12 +47,12 @@ def test_action_probes_rewards():
     assert rollout("Probe4Continuous-v0", lambda o: np.array([0.5], np.float32))[0][1] == pytest.approx(1.0)
     assert rollout("Probe4Continuous-v0", lambda o: np.array([-0.5], np.float32))[0][1] == pytest.approx(0.0)
     for seed in range(6):
-        (obs, r_match, _, _), = rollout("Probe5Discrete-v0", lambda o: int(o[0] > 0), seed)
-        (_, r_miss, _, _), = rollout("Probe5Discrete-v0", lambda o: int(o[0] < 0), seed)
+        ((obs, r_match, _, _),) = rollout("Probe5Discrete-v0", lambda o: int(o[0] > 0), seed)
+        ((_, r_miss, _, _),) = rollout("Probe5Discrete-v0", lambda o: int(o[0] < 0), seed)
         assert (r_match, r_miss) == (1.0, -1.0)
-        (obs, r, _, _), = rollout("Probe5Continuous-v0", lambda o: 0.5 * o, seed)
+        ((obs, r, _, _),) = rollout("Probe5Continuous-v0", lambda o: 0.5 * o, seed)
         assert r == pytest.approx(1.0)
-        (obs, r, _, _), = rollout("Probe5Continuous-v0", lambda o: -0.5 * o, seed)
+        ((obs, r, _, _),) = rollout("Probe5Continuous-v0", lambda o: -0.5 * o, seed)
         assert r == pytest.approx(0.0)
 
 

@@ -15,15 +15,24 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from helpers import ROOT, read_scalars, run_cli, single_run_dir
 
 TUNE = ROOT / "benchmarks" / "tune.py"
 BUDGET = 2048
 # Only the learning rate is searched: the script's 16 envs x 16 steps stay, 8 updates per run;
 # evaluations at 1024 and 2048 (--evals 2), 2 episodes each.
-SEARCH = ["--algo", "ppo_discrete", "--env", "CartPole-v1", "--budget", str(BUDGET), "--evals", "2",
-          "--params", "learning_rate"]
+SEARCH = [
+    "--algo",
+    "ppo_discrete",
+    "--env",
+    "CartPole-v1",
+    "--budget",
+    str(BUDGET),
+    "--evals",
+    "2",
+    "--params",
+    "learning_rate",
+]
 SCRIPT_ARGS = ["--", "--eval-episodes", "2"]
 
 
@@ -34,8 +43,12 @@ def tune(*args, timeout: float = 300) -> subprocess.CompletedProcess:
 def start_tune(*args, log: Path) -> subprocess.Popen:
     """The tool in the background, its console output (stdout and stderr) in ``log``."""
     with open(log, "w") as f:
-        return subprocess.Popen([sys.executable, str(TUNE), *map(str, args)], stdout=f, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return subprocess.Popen(
+            [sys.executable, str(TUNE), *map(str, args)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -73,15 +86,31 @@ def read_csv(path: Path) -> list[dict]:
 
 def test_two_workers_share_one_study_and_write_the_outputs(tmp_path):
     journal = tmp_path / "shared" / "study.log"
-    command = [*SEARCH, "--trials", 3, "--storage", f"journal:{journal}", "--study", "shared", "--out",
-               tmp_path / "out", *SCRIPT_ARGS]
+    command = [
+        *SEARCH,
+        "--trials",
+        3,
+        "--storage",
+        f"journal:{journal}",
+        "--study",
+        "shared",
+        "--out",
+        tmp_path / "out",
+        *SCRIPT_ARGS,
+    ]
     logs = [tmp_path / "worker0.txt", tmp_path / "worker1.txt"]
     workers = [start_tune(*command, log=log) for log in logs]
-    for w, log in zip(workers, logs):
+    for w, log in zip(workers, logs, strict=True):
         assert w.wait(timeout=300) == 0, log.read_text()
 
-    started = [{int(line.split()[1].rstrip(":")) for line in log.read_text().splitlines()
-                if line.startswith("trial ") and ": start:" in line} for log in logs]
+    started = [
+        {
+            int(line.split()[1].rstrip(":"))
+            for line in log.read_text().splitlines()
+            if line.startswith("trial ") and ": start:" in line
+        }
+        for log in logs
+    ]
     assert all(started), f"each worker should run trials, got {started}"
     assert not started[0] & started[1], f"a trial number ran in both workers: {started}"
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
@@ -96,14 +125,16 @@ def test_two_workers_share_one_study_and_write_the_outputs(tmp_path):
     out = tmp_path / "out"
     rows = read_csv(out / "trials.csv")
     assert [int(r["number"]) for r in rows] == sorted(numbers)
-    assert [float(r["value"]) for r in rows] == pytest.approx([t.value for t in sorted(trials, key=lambda t: t.number)],
-                                                             abs=1e-3)
+    assert [float(r["value"]) for r in rows] == pytest.approx(
+        [t.value for t in sorted(trials, key=lambda t: t.number)], abs=1e-3
+    )
     assert "learning_rate" in rows[0] and all(r["flags"].startswith("--learning-rate ") for r in rows)
     top = max(t.value for t in trials)
     best = [t for t in trials if t.value == top]  # ties are likely at this budget
     commands = (out / "best_command.txt").read_text()
-    assert any(f"--total-timesteps {BUDGET} {' '.join(t.user_attrs['flags'])} --eval-episodes 2" in commands
-               for t in best), commands
+    assert any(f"--total-timesteps {BUDGET} {' '.join(t.user_attrs['flags'])} --eval-episodes 2" in commands for t in best), (
+        commands
+    )
     assert "benchmarks/run.py --algo ppo_discrete" in commands
     best_md = (out / "best.md").read_text()
     assert any(f"| 1 | {t.number} | {top:.2f} |" in best_md for t in best), best_md
@@ -117,9 +148,27 @@ def test_two_workers_share_one_study_and_write_the_outputs(tmp_path):
 
 def test_pruned_trial_ends_its_run_early(tmp_path):
     budget = 40_000  # far more than the run reaches before its first evaluation is read back
-    proc = tune("--algo", "ppo_discrete", "--env", "CartPole-v1", "--budget", budget, "--evals", 40, "--params",
-                "learning_rate", "--trials", 1, "--out", tmp_path, "--pruner", "threshold:1000", "--warmup", 0,
-                *SCRIPT_ARGS)
+    proc = tune(
+        "--algo",
+        "ppo_discrete",
+        "--env",
+        "CartPole-v1",
+        "--budget",
+        budget,
+        "--evals",
+        40,
+        "--params",
+        "learning_rate",
+        "--trials",
+        1,
+        "--out",
+        tmp_path,
+        "--pruner",
+        "threshold:1000",
+        "--warmup",
+        0,
+        *SCRIPT_ARGS,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (trial,) = study_trials(f"sqlite:///{tmp_path / 'study.db'}", "ppo_discrete-CartPole-v1-40k")
     assert trial.state.name == "PRUNED" and trial.user_attrs["pruned_at_step"] == 1000
@@ -169,8 +218,27 @@ def test_crashed_run_fails_its_trial_and_the_study_goes_on(tmp_path):
     study = optuna.create_study(storage=storage, study_name="crash", direction="maximize")
     study.enqueue_trial({"num_steps": 512})  # 16 envs x 512 steps: one batch is more than the budget, exit 1
     study.enqueue_trial({"num_steps": 16})
-    proc = tune("--algo", "ppo_discrete", "--env", "CartPole-v1", "--budget", BUDGET, "--evals", 2, "--params",
-                "num_steps", "--trials", 1, "--storage", storage, "--study", "crash", "--out", tmp_path, *SCRIPT_ARGS)
+    proc = tune(
+        "--algo",
+        "ppo_discrete",
+        "--env",
+        "CartPole-v1",
+        "--budget",
+        BUDGET,
+        "--evals",
+        2,
+        "--params",
+        "num_steps",
+        "--trials",
+        1,
+        "--storage",
+        storage,
+        "--study",
+        "crash",
+        "--out",
+        tmp_path,
+        *SCRIPT_ARGS,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     failed, complete = sorted(study_trials(storage, "crash"), key=lambda t: t.number)
     assert (failed.state.name, failed.params) == ("FAIL", {"num_steps": 512})
@@ -179,14 +247,19 @@ def test_crashed_run_fails_its_trial_and_the_study_goes_on(tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--algo", "ppo_nothing", "--env", "CartPole-v1"], "--algo 'ppo_nothing': no script at"),
-    (["--algo", "ppo_discrete", "--env", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
-    (["--algo", "ppo_discrete", "--env", "CartPole-v1", "--params", "learning_rat"],
-     "--params learning_rat: not in the search space of ppo_discrete (learning_rate, "),
-    (["--algo", "ppo_discrete", "--env", "CartPole-v1", "--pruner", "median:3"], "--pruner 'median:3': use"),
-    (["--algo", "ppo_discrete", "--env", "CartPole-v1", "--storage", "study.db"], "--storage 'study.db': give"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--algo", "ppo_nothing", "--env", "CartPole-v1"], "--algo 'ppo_nothing': no script at"),
+        (["--algo", "ppo_discrete", "--env", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+        (
+            ["--algo", "ppo_discrete", "--env", "CartPole-v1", "--params", "learning_rat"],
+            "--params learning_rat: not in the search space of ppo_discrete (learning_rate, ",
+        ),
+        (["--algo", "ppo_discrete", "--env", "CartPole-v1", "--pruner", "median:3"], "--pruner 'median:3': use"),
+        (["--algo", "ppo_discrete", "--env", "CartPole-v1", "--storage", "study.db"], "--storage 'study.db': give"),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path, args, message):
     proc = tune(*args, "--budget", BUDGET, "--trials", 1, "--out", tmp_path / "out")
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -37,9 +37,9 @@ import io
 import re
 import sys
 import tokenize
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS_DIR = REPO / "docs"
@@ -69,12 +69,16 @@ PPO_NOTATION = [
     (r"\epsilon", r"\epsilon", "clip_coef", "clipping range (policy ratio and value)"),
     (r"\lambda", r"\lambda", "gae_lambda", "GAE trace decay"),
 ]
-NOTATION: Dict[str, List[Tuple[str, str, str, str]]] = {
+NOTATION: dict[str, list[tuple[str, str, str, str]]] = {
     "ppo_discrete.py": PPO_NOTATION,
     "ppo_continuous.py": PPO_NOTATION,
     "vmpo_continuous.py": [
-        (r"\tilde{\mathcal{D}}", r"\mathcal{S}", "selected_weights",
-         "samples kept by the top-k selection (the paper keeps the top half: `topk_fraction` 0.5)"),
+        (
+            r"\tilde{\mathcal{D}}",
+            r"\mathcal{S}",
+            "selected_weights",
+            "samples kept by the top-k selection (the paper keeps the top half: `topk_fraction` 0.5)",
+        ),
         (r"\psi(s, a)", r"\psi_t", "weights", "E-step weight of each sample"),
         (r"\Sigma", r"\sigma", "log_std", "policy covariance; diagonal here, standard deviations σ = exp(`log_std`)"),
         (r"\epsilon_{\alpha_\mu}", r"\epsilon_\mu", "epsilon_mu", "bound of the mean KL"),
@@ -88,36 +92,59 @@ NOTATION: Dict[str, List[Tuple[str, str, str, str]]] = {
 # of its OWN (a bipartite matching), so one annotation whose code mentions two things cannot
 # stand in for a deleted second one. The matched title also heads the annotation's section on
 # the annotations page.
-Requirement = Tuple[str, str, str, str]
+Requirement = tuple[str, str, str, str]
 L = r"^\s*(L|\\mathcal\{L\})"  # a loss on the formula's left-hand side
-COMMON_REQUIRED: List[Requirement] = [
-    ("logprob", "Log-probability of the policy", r"^\s*\\log\s*\\pi",
-     r"\.log_prob\(|log_softmax|logsumexp|\b(new)?log_?probs?\s*="),
-    ("entropy", "Entropy of the policy", r"^\s*(\\mathcal\{H\}|\\mathrm\{H\}|\\operatorname\{H\}|H\b)",
-     r"\.entropy\(|\bentropy\s*="),
+COMMON_REQUIRED: list[Requirement] = [
+    (
+        "logprob",
+        "Log-probability of the policy",
+        r"^\s*\\log\s*\\pi",
+        r"\.log_prob\(|log_softmax|logsumexp|\b(new)?log_?probs?\s*=",
+    ),
+    (
+        "entropy",
+        "Entropy of the policy",
+        r"^\s*(\\mathcal\{H\}|\\mathrm\{H\}|\\operatorname\{H\}|H\b)",
+        r"\.entropy\(|\bentropy\s*=",
+    ),
     ("td", "TD residual", r"^\s*\\delta_\{?t\}?\s*=", r"\b(deltas?|td_errors?)\s*="),
     ("gae", "GAE advantage", r"^\s*(\\hat\{A\}|A)_\{?t\}?\s*=.*\\lambda", r"\bgae_lambda\b|\blastgaelam\b"),
     ("returns", "Returns (value targets)", r"^\s*(R_t|G_t|\\hat\{R\}_t|\\mathrm\{returns\}_t)\s*=", r"\breturns\s*="),
     ("value_loss", "Value loss", L + r"(\^\{?V|_\{?V)", r"\b(v_loss|value_loss|critic_loss)\s*="),
     ("total_loss", "Total loss", L + r"\s*=", r"^\s*(total_)?loss\s*="),
-    ("lr_anneal", "Learning-rate annealing", r"1\s*-\s*\\frac\{\s*[a-z]\s*-\s*1\s*\}",
-     r"\b(lrnow|lr_now|lr_scale|lr_frac|frac)\s*=|param_groups\[0\]\[.lr.\]\s*=|\blearning_rate\s*\*"),
-    ("adv_norm", "Advantage normalization", r"^\s*(\\bar\{A\}|\\hat\{A\}_t\s*\\leftarrow)",
-     r"adv\w*[^\n]*\.std\(|\(adv\w*\s*-\s*mean\)"),
+    (
+        "lr_anneal",
+        "Learning-rate annealing",
+        r"1\s*-\s*\\frac\{\s*[a-z]\s*-\s*1\s*\}",
+        r"\b(lrnow|lr_now|lr_scale|lr_frac|frac)\s*=|param_groups\[0\]\[.lr.\]\s*=|\blearning_rate\s*\*",
+    ),
+    (
+        "adv_norm",
+        "Advantage normalization",
+        r"^\s*(\\bar\{A\}|\\hat\{A\}_t\s*\\leftarrow)",
+        r"adv\w*[^\n]*\.std\(|\(adv\w*\s*-\s*mean\)",
+    ),
     ("explained_variance", "Explained variance", r"EV|[Ee]xplained", r"explained_var"),
 ]
-PPO_REQUIRED: List[Requirement] = COMMON_REQUIRED + [
+PPO_REQUIRED: list[Requirement] = COMMON_REQUIRED + [
     ("ratio", "Probability ratio", r"^\s*(\\log\s*)?(\\rho|r)_\{?t\}?", r"\b(log_?)?ratio\s*="),
     ("kl", "KL estimator", r"KL", r"approx_kl"),
     ("kl_2", "KL estimator", r"KL", r"approx_kl"),
-    ("surrogate", "Clipped surrogate objective", r"L\^\{?\\?(mathrm\{)?CLIP\}?\}?\s*=",
-     r"\b(pg_loss|policy_loss|surr\w*)\s*="),
-    ("value_clip", "Clipped value", r"^\s*V(\^|_)\{?\\?(mathrm\{)?clip",
-     r"\b(v_clipped|clipped_values?|values?_clipped)\s*="),
-    ("value_loss_clipped", "Clipped value loss", r"^\s*L\^\{?V.*(\\max|V\^\{?\\?(mathrm\{)?clip)",
-     r"\bv_loss_(clipped|max)\s*="),
+    (
+        "surrogate",
+        "Clipped surrogate objective",
+        r"L\^\{?\\?(mathrm\{)?CLIP\}?\}?\s*=",
+        r"\b(pg_loss|policy_loss|surr\w*)\s*=",
+    ),
+    ("value_clip", "Clipped value", r"^\s*V(\^|_)\{?\\?(mathrm\{)?clip", r"\b(v_clipped|clipped_values?|values?_clipped)\s*="),
+    (
+        "value_loss_clipped",
+        "Clipped value loss",
+        r"^\s*L\^\{?V.*(\\max|V\^\{?\\?(mathrm\{)?clip)",
+        r"\bv_loss_(clipped|max)\s*=",
+    ),
 ]
-VMPO_REQUIRED: List[Requirement] = COMMON_REQUIRED + [
+VMPO_REQUIRED: list[Requirement] = COMMON_REQUIRED + [
     ("temperature", "Temperature", r"^\s*\\eta\s*=", r"\b(temperature|eta)\s*="),
     ("topk_count", "Top-k: how many samples are kept", r"^\s*k\s*=", r"\b(k|top_?k\w*|num_top\w*)\s*="),
     ("threshold", "Top-k threshold", r"^\s*\\tau\s*=|threshold|TopK", r"\bthreshold\s*="),
@@ -126,12 +153,16 @@ VMPO_REQUIRED: List[Requirement] = COMMON_REQUIRED + [
     ("temperature_loss", "Temperature dual loss", L + r"_\{?\\eta", r"\b(temperature|eta|dual)_loss\s*="),
     ("weighted_nll", "Weighted log-likelihood", r"\\psi\w*.*\\log\s*\\pi", r"\bweighted_nll\s*=|\bnll\s*="),
     ("kl_mean", "KL of the mean (decoupled)", r"^\s*(D|C|\\mathrm\{KL\})_\{?\\mu", r"\bkl_(mu|mean)\w*\s*="),
-    ("kl_cov", "KL of the covariance (decoupled)", r"^\s*(D|C|\\mathrm\{KL\})_\{?(\\sigma|\\Sigma)",
-     r"\bkl_(sigma|std|cov)\w*\s*="),
+    (
+        "kl_cov",
+        "KL of the covariance (decoupled)",
+        r"^\s*(D|C|\\mathrm\{KL\})_\{?(\\sigma|\\Sigma)",
+        r"\bkl_(sigma|std|cov)\w*\s*=",
+    ),
     ("alpha_loss", "Alpha dual loss", L + r"_\{?\\alpha", r"\balpha_loss\s*="),
     ("mstep_loss", "M-step (policy) loss", L + r"_\{?\\pi", r"\b(policy_loss|m_step_loss|mstep_loss)\s*="),
 ]
-REQUIRED: Dict[str, List[Requirement]] = {
+REQUIRED: dict[str, list[Requirement]] = {
     "ppo_discrete.py": PPO_REQUIRED,
     "ppo_continuous.py": PPO_REQUIRED,
     "vmpo_continuous.py": VMPO_REQUIRED,
@@ -158,16 +189,16 @@ class Annotation:
 @dataclass(frozen=True)
 class Script:
     name: str  # file name, e.g. "ppo_discrete.py"
-    lines: Tuple[str, ...]
-    annotations: Tuple[Annotation, ...]
-    functions: Tuple[Tuple[int, int, str], ...] = ()  # (first line, last line, name) of every def
+    lines: tuple[str, ...]
+    annotations: tuple[Annotation, ...]
+    functions: tuple[tuple[int, int, str], ...] = ()  # (first line, last line, name) of every def
 
     @property
     def stem(self) -> str:
         return Path(self.name).stem
 
 
-def _comment_lines(source: str) -> Dict[int, str]:
+def _comment_lines(source: str) -> dict[int, str]:
     """Line -> text of every whole-line comment (strings that look like comments excluded)."""
     out = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -176,9 +207,9 @@ def _comment_lines(source: str) -> Dict[int, str]:
     return out
 
 
-def _statement_spans(tree: ast.AST) -> Dict[int, Tuple[int, int, bool]]:
+def _statement_spans(tree: ast.AST) -> dict[int, tuple[int, int, bool]]:
     """First line of each statement -> (first line, last line, is compound)."""
-    spans: Dict[int, Tuple[int, int, bool]] = {}
+    spans: dict[int, tuple[int, int, bool]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.stmt):
             start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
@@ -190,7 +221,7 @@ def _statement_spans(tree: ast.AST) -> Dict[int, Tuple[int, int, bool]]:
     return spans
 
 
-def _bracket_depths(source: str) -> Dict[int, int]:
+def _bracket_depths(source: str) -> dict[int, int]:
     """Line -> bracket depth at the start of that line."""
     depth, out, line = 0, {}, 0
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -218,8 +249,8 @@ def parse_script(source: str, name: str) -> Script:
     comments = _comment_lines(source)
     spans = _statement_spans(tree)
     depths = _bracket_depths(source)
-    errors: List[str] = []
-    annotations: List[Annotation] = []
+    errors: list[str] = []
+    annotations: list[Annotation] = []
 
     def is_annotation(n: int) -> bool:
         return n in comments and ANNOTATION.match(lines[n - 1]) is not None
@@ -279,9 +310,7 @@ def parse_script(source: str, name: str) -> Script:
     if errors:
         raise AnnotationError("\n".join(errors))
     functions = tuple(
-        (f.lineno, f.end_lineno, f.name)
-        for f in ast.walk(tree)
-        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+        (f.lineno, f.end_lineno, f.name) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
     )
     return Script(name, lines, tuple(annotations), functions)
 
@@ -296,7 +325,7 @@ def load_script(path: Path) -> Script:
 Requirements = Sequence[Requirement]
 
 
-def _match_requirements(script: Script, reqs: Optional[Requirements] = None) -> Dict[str, Optional[Annotation]]:
+def _match_requirements(script: Script, reqs: Requirements | None = None) -> dict[str, Annotation | None]:
     """Give each required equation its own matching annotation where possible (Kuhn's matching).
 
     Candidates are tried most specific first (annotations that match fewer requirements), so
@@ -310,7 +339,7 @@ def _match_requirements(script: Script, reqs: Optional[Requirements] = None) -> 
     ]
     n_hits = [sum(i in h for h in hits) for i in range(len(anns))]
     candidates = [sorted(h, key=lambda i: (n_hits[i], i)) for h in hits]
-    owner: Dict[int, int] = {}  # annotation index -> requirement index
+    owner: dict[int, int] = {}  # annotation index -> requirement index
 
     def assign(r: int, seen: set) -> bool:
         for i in candidates[r]:
@@ -327,14 +356,14 @@ def _match_requirements(script: Script, reqs: Optional[Requirements] = None) -> 
     return {req[0]: (anns[by_req[r]] if r in by_req else None) for r, req in enumerate(reqs)}
 
 
-def missing_equations(script: Script, reqs: Optional[Requirements] = None) -> List[str]:
+def missing_equations(script: Script, reqs: Requirements | None = None) -> list[str]:
     """Human-readable list of the required equations this script does not annotate."""
     reqs = REQUIRED.get(script.name, []) if reqs is None else reqs
     titles = {req[0]: req[1] for req in reqs}
     return [f"{key} ({titles[key]})" for key, ann in _match_requirements(script, reqs).items() if ann is None]
 
 
-def _section_titles(script: Script) -> Dict[int, str]:
+def _section_titles(script: Script) -> dict[int, str]:
     titles = {req[0]: req[1] for req in REQUIRED.get(script.name, [])}
     return {ann.line: titles[key] for key, ann in _match_requirements(script).items() if ann is not None}
 
@@ -343,7 +372,9 @@ def _code_title(script: Script, a: Annotation) -> str:
     """A short name for an annotation no requirement names: what its code assigns or returns."""
     line = script.lines[a.code_start - 1].strip()
     target = r"[\w.]+(?:\[[^\]]*\])?"
-    m = re.match(r"""["']([^"'`]+)["']\s*:""", line) or re.match(rf"({target}(?:\s*,\s*{target})*)\s*(?:[-+*/@]|//)?=(?!=)", line)
+    m = re.match(r"""["']([^"'`]+)["']\s*:""", line) or re.match(
+        rf"({target}(?:\s*,\s*{target})*)\s*(?:[-+*/@]|//)?=(?!=)", line
+    )
     if m:
         return f"`{m.group(1)}`"
     if re.match(r"return\b", line):
@@ -408,8 +439,7 @@ def _check_notation(script: Script) -> None:
             problems.append(f"symbol {here!r} is in no formula")
     if problems:
         raise AnnotationError(
-            f"{script.name}: the notation table (NOTATION in tools/render_math_docs.py) is out of date: "
-            + "; ".join(problems)
+            f"{script.name}: the notation table (NOTATION in tools/render_math_docs.py) is out of date: " + "; ".join(problems)
         )
 
 
@@ -425,7 +455,7 @@ def render_inline_page(script: Script) -> str:
         "## Source\n\n",
     ]
     by_line = {a.line: a for a in script.annotations}
-    chunk: List[str] = []
+    chunk: list[str] = []
     chunk_start = 1
     for n, line in enumerate(script.lines, start=1):
         if n in by_line:
@@ -484,10 +514,10 @@ def render_index(scripts: Sequence[Script]) -> str:
     return "".join(out)
 
 
-def generate(repo: Path = REPO, scripts: Sequence[str] = SCRIPTS) -> Dict[str, str]:
+def generate(repo: Path = REPO, scripts: Sequence[str] = SCRIPTS) -> dict[str, str]:
     """docs-relative path -> page text, for every script present (missing ones are skipped)."""
     parsed = [load_script(repo / name) for name in scripts if (repo / name).exists()]
-    pages: Dict[str, str] = {}
+    pages: dict[str, str] = {}
     for s in parsed:
         _check_notation(s)
         pages[f"{s.stem}.md"] = render_inline_page(s)
@@ -496,7 +526,7 @@ def generate(repo: Path = REPO, scripts: Sequence[str] = SCRIPTS) -> Dict[str, s
     return pages
 
 
-def stale_pages(docs_dir: Path, pages: Dict[str, str]) -> List[str]:
+def stale_pages(docs_dir: Path, pages: dict[str, str]) -> list[str]:
     """Generated pages in docs_dir that the generator no longer produces (their script went away)."""
     return sorted(
         p.name
@@ -505,7 +535,7 @@ def stale_pages(docs_dir: Path, pages: Dict[str, str]) -> List[str]:
     )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 on drift or a missing equation")
     args = parser.parse_args(argv)
