@@ -16,6 +16,7 @@ enter the env. A truncated episode (every dm_control episode) bootstraps from it
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import os
 import random
@@ -24,7 +25,7 @@ import sys
 import time
 import warnings
 from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import gymnasium as gym
 import imageio
@@ -345,6 +346,8 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
             logratios.append(logratio.detach())
         if args.target_kl is not None and approx_kl(torch.cat(logratios[-args.num_minibatches :]))[1] > args.target_kl:
             break  # this epoch's mean KL estimate is past the target
+    if not all(torch.isfinite(p).all() for p in agent.parameters()):
+        raise TrainingDiverged("non-finite weights")  # a finite loss with an inf gradient; the last good checkpoint stays
     stats = dict(zip(("policy_loss", "value_loss", "entropy"), torch.stack(losses).mean(0).tolist(), strict=True))
     old_kl, kl = approx_kl(torch.cat(logratios))
     clipfrac = (torch.cat(logratios).exp().sub(1.0).abs() > args.clip_coef).float().mean()
@@ -356,187 +359,185 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Run:
-    """What `set_up` builds and the loop uses."""
+    """What `set_up` builds and the training loop uses."""
 
     args: Args
     device: torch.device
     run_dir: str
     writer: SummaryWriter
-    envs: gym.vector.VectorEnv | None  # None with --eval-only
+    envs: gym.vector.VectorEnv
     eval_envs: gym.vector.VectorEnv
     agent: Agent
     optimizer: torch.optim.Optimizer
-    obs_rms: RunningMeanStd | None  # None with --no-norm-obs
     reward_scaler: RewardScaler
-    global_step: int  # 0, or the checkpoint's step
-    iteration: int  # 0, or the checkpoint's iteration
-    best_eval_return: float  # -inf, or the checkpoint's: only a better evaluation replaces _best.pt
-    last_path: str
-    best_path: str
+    obs_rms: RunningMeanStd | None
+    global_step: int = 0
+    iteration: int = 0
+    last_eval: float | None = None
+    best_eval: float = -math.inf
+
+    def path(self, kind: str) -> str:  # "last" or "best"
+        return os.path.join(self.run_dir, f"{SCRIPT}_{kind}.pt")
 
     def close(self) -> None:
-        for closable in (self.envs, self.eval_envs, self.writer):
-            if closable is not None:
-                closable.close()
+        self.envs.close()
+        self.eval_envs.close()
+        self.writer.close()
         if self.args.track:
             import wandb
 
             wandb.finish()
 
-    def summary(self, step: int, returns: np.ndarray, best: float, train_sps: float, wall_time: float) -> dict:
-        keys = ("run_dir", "global_step", "final_eval_return", "final_eval_std", "best_eval_return", "train_sps", "wall_time")
-        values = (self.run_dir, step, float(returns.mean()), float(returns.std()), best, train_sps, wall_time)
-        return dict(zip(keys, values, strict=True))
-
 
 def set_up(args: Args) -> Run:
     """Checks, seeds, run dir, logging, envs, agent; a checkpoint's state when resuming or evaluating."""
     gl_backend = choose_gl_backend(args.capture_video)  # before anything imports mujoco
-    if args.eval_only and args.checkpoint is None:
-        raise ConfigError("--eval-only needs --checkpoint PATH")
-    path, flag = (args.checkpoint, "--checkpoint") if args.eval_only else (args.resume, "--resume")
-    ckpt = load_checkpoint(path, flag) if path else None
-    args = args_with_checkpoint(args, ckpt) if ckpt else args  # the checkpoint's hyperparameters and env
-    if args.resume and args.total_timesteps // (args.num_envs * args.num_steps) <= ckpt["iteration"]:
-        raise ConfigError(
-            f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's "
-            f"step {ckpt['global_step']}; pass a larger total to continue"
-        )
+    if args.eval_only and not args.checkpoint:
+        raise ConfigError(f"--eval-only needs --checkpoint PATH (a {SCRIPT}_*.pt file)")
+    source_path, flag = (args.checkpoint, "--checkpoint") if args.eval_only else (args.resume, "--resume")
+    source = load_checkpoint(source_path, flag) if source_path else None
+    args = args_with_checkpoint(args, source) if source is not None else args
+    if args.resume and args.total_timesteps // (args.num_envs * args.num_steps) <= source["iteration"]:
+        nothing = f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's step"
+        raise ConfigError(f"{nothing} {source['global_step']}; pass a larger total to continue")
     check_args(args, gl_backend)
     check_output_dir(args.output_dir)
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
+
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(1)  # tiny MLPs: one thread is fastest and leaves the other cores to the envs
-    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
-    if args.cuda and device.type == "cpu":
+    if args.cuda and not torch.cuda.is_available():
         print("CUDA is not available; running on CPU")
+    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if args.track:
         import wandb
 
-        config = dict(config=asdict(args), name=run_name, dir=run_dir, save_code=True, sync_tensorboard=True)
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, **config)
+        where = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=run_name, dir=run_dir)
+        wandb.init(**where, config=dataclasses.asdict(args), sync_tensorboard=True, save_code=True)
     writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+    table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-    eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, video_dir=video_dir)
-    envs = None if args.eval_only else make_vector_env(args, args.num_envs, args.seed)
-    obs_dim, act_dim = eval_envs.single_observation_space.shape[0], eval_envs.single_action_space.shape[0]
+    envs = make_vector_env(args, args.num_envs, args.seed)
+    eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, video_dir)
+    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     agent = Agent(obs_dim, act_dim, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std).to(device)
-    optimizer = make_optimizer(agent, args)
     obs_rms = RunningMeanStd((obs_dim,)) if args.norm_obs else None
-    paths = [os.path.join(run_dir, f"{SCRIPT}_{kind}.pt") for kind in ("last", "best")]
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
-    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, optimizer, obs_rms, scaler, 0, 0, -math.inf, *paths)
-    if ckpt is not None:
-        agent.load_state_dict(ckpt["agent"])
-        if obs_rms is not None:
-            obs_rms.load_state_dict(ckpt["obs_rms"])
-        run.global_step = ckpt["global_step"]
-    if args.resume:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scaler.rms.load_state_dict(ckpt["reward_rms"])
-        run.iteration, run.best_eval_return = ckpt["iteration"], ckpt["best_eval_return"]
-        restore_rng(ckpt["rng"])
+    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), scaler, obs_rms)
+    if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
+        run.agent.load_state_dict(source["agent"])
+        if source["obs_rms"] is not None:
+            run.obs_rms.load_state_dict(source["obs_rms"])
+        run.global_step = source["global_step"]
+        if args.resume:
+            run.optimizer.load_state_dict(source["optimizer"])
+            run.reward_scaler.rms.load_state_dict(source["reward_rms"])
+            run.iteration = source["iteration"]
+            restore_rng(source["rng"])
     return run
 
 
 def train(args: Args) -> dict:
     run = set_up(args)
     if args.eval_only:
-        return evaluate_checkpoint(run)  # closes run
-    args, writer = run.args, run.writer  # with --resume, the checkpoint's hyperparameters
-    batch, total = args.num_envs * args.num_steps, args.total_timesteps
-    num_iterations, end = total // batch, total // batch * batch  # whole rollouts only
-    if run.iteration > 0:
-        print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; training to step {end}")
-    elif end != total:
-        print(f"training to step {end}: --total-timesteps {total} rounded down to whole rollouts of {batch} steps")
+        return evaluate_checkpoint(run)
+    args, agent, optimizer, writer = run.args, run.agent, run.optimizer, run.writer
+    batch_size = args.num_envs * args.num_steps
+    # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
+    num_iterations = args.total_timesteps // batch_size
     rollout = Rollout.empty(args.num_steps, run.envs)
-    policy, progress, recent_returns = RolloutPolicy(run.agent), Progress(args.total_timesteps), deque(maxlen=20)
-    global_step, saved_step, last_eval, train_time = run.global_step, run.global_step, None, 0.0
-    raw_obs, _ = run.envs.reset(seed=args.seed + run.iteration * args.num_envs)
+    raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
     if run.obs_rms is not None and run.iteration == 0:  # resuming: new episodes must not move the restored statistics
         run.obs_rms.update(raw_obs)
     obs = normalize(raw_obs, run.obs_rms)
+    final_step = num_iterations * batch_size
+    if run.iteration > 0:
+        print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; ", end="")
+        print(f"training to step {final_step}")
+    elif final_step != args.total_timesteps:
+        rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
+        print(f"training to step {final_step}: {rounded}")
+    recent_returns = deque(maxlen=20)
+    start_time, train_time, trained_steps = time.time(), 0.0, 0
+    # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
+    save_checkpoint(run, "last")
     try:
-        save_checkpoint(run.last_path, run, global_step, run.iteration, last_eval)  # always the last completed update
         for iteration in range(run.iteration + 1, num_iterations + 1):
-            tick = time.perf_counter()
-            # Anneal the learning rate.
+            tick = time.time()
             if args.anneal_lr:
                 # LaTeX: \alpha_u = \alpha_0 \left(1 - \frac{u - 1}{U}\right)
-                run.optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
-            # Collect a rollout.
+                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
+
+            # ---- collect a rollout with the current policy
+            policy = RolloutPolicy(agent)  # a numpy snapshot of the weights after the last update
             obs, ep_returns, ep_lengths = collect_rollout(policy, run.envs, obs, run.obs_rms, run.reward_scaler, rollout)
-            global_step += batch
-            # Advantages.
-            b = {k: torch.from_numpy(v).to(run.device) for k, v in vars(rollout).items()}
-            b["advantages"], b["returns"] = compute_gae(
-                b["rewards"], b["values"], b["next_values"], b["terminated"], b["truncated"], args.gamma, args.gae_lambda
-            )
-            # Update.
-            stats = ppo_update(run.agent, run.optimizer, b, args)
-            policy = RolloutPolicy(run.agent)
-            # Save _last.pt before logging: Ctrl-C from here on keeps this update.
-            save_checkpoint(run.last_path, run, global_step, iteration, last_eval)
-            saved_step, train_time = global_step, train_time + time.perf_counter() - tick
-            sps = (global_step - run.global_step) / train_time
-            # Log.
-            stats["explained_variance"] = explained_variance(b["values"], b["returns"])
-            for name, value in stats.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            if ep_returns:  # one point per iteration: tiny-episode envs would otherwise flood the log
+            if ep_returns:  # one point per rollout: tiny-episode envs would otherwise flood the log
                 recent_returns.extend(ep_returns)
-                writer.add_scalar("charts/episodic_return", np.mean(ep_returns), global_step)
-                writer.add_scalar("charts/episodic_length", np.mean(ep_lengths), global_step)
-            writer.add_scalar("charts/learning_rate", run.optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            # Evaluate and save: every eval_interval steps, and at the end.
-            if iteration == num_iterations or (args.eval_interval > 0 and global_step % args.eval_interval < batch):
-                video_name = f"eval-step-{global_step}" if args.capture_video else None
-                returns, lengths = evaluate(run.agent, run.eval_envs, run.obs_rms, run.device, args.seed + 10_000, video_name)
-                log_eval(writer, returns, lengths, global_step)
-                last_eval = float(returns.mean())
-                if last_eval > run.best_eval_return:
-                    run.best_eval_return = last_eval
-                    save_checkpoint(run.best_path, run, global_step, iteration, last_eval)
-                save_checkpoint(run.last_path, run, global_step, iteration, last_eval)  # with the new eval return
-            recent = float(np.mean(recent_returns)) if recent_returns else math.nan
-            progress.update(global_step, sps, recent, last_eval, final=iteration == num_iterations)
-    except TrainingDiverged as e:
-        raise TrainingDiverged(f"{e} at global step {global_step}; stopped. Last good checkpoint: {run.last_path}") from None
+                writer.add_scalar("charts/episodic_return", np.mean(ep_returns), run.global_step + batch_size)
+                writer.add_scalar("charts/episodic_length", np.mean(ep_lengths), run.global_step + batch_size)
+
+            # ---- advantages and value targets
+            data = {k: torch.as_tensor(v, device=run.device) for k, v in vars(rollout).items()}
+            gae_inputs = [data[k] for k in ("rewards", "values", "next_values", "terminated", "truncated")]
+            advantages, returns = compute_gae(*gae_inputs, args.gamma, args.gae_lambda)
+            batch = {k: data[k].flatten(0, 1) for k in ("obs", "actions", "logprobs", "values")}
+            batch.update(advantages=advantages.flatten(), returns=returns.flatten())
+
+            # ---- update
+            try:
+                stats = ppo_update(agent, optimizer, batch, args)
+            except TrainingDiverged as e:
+                kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
+                raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
+            run.iteration, run.global_step = iteration, run.global_step + batch_size
+            save_checkpoint(run, "last")
+            train_time, trained_steps = train_time + time.time() - tick, trained_steps + batch_size
+
+            # ---- log
+            sps = trained_steps / train_time
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], run.global_step)
+            writer.add_scalar("charts/SPS", sps, run.global_step)
+            stats["explained_variance"] = explained_variance(batch["values"], batch["returns"])
+            for key, value in stats.items():
+                writer.add_scalar(f"losses/{key}", value, run.global_step)
+
+            # ---- evaluate and save: every eval_interval steps, and at the end
+            every, last = args.eval_interval, iteration == num_iterations
+            if last or (every > 0 and run.global_step // every > (run.global_step - batch_size) // every):
+                eval_returns, _ = evaluate(run, f"eval-step-{run.global_step}" if args.capture_video else None)
+                run.last_eval = float(eval_returns.mean())
+                save_checkpoint(run, "last")
+                if run.last_eval >= run.best_eval:
+                    run.best_eval = run.last_eval
+                    save_checkpoint(run, "best")
+            print_progress(run, sps, np.mean(recent_returns or [math.nan]), final=last)
     except KeyboardInterrupt:
-        print(f"\ninterrupted; the last checkpoint, at step {saved_step} (the last trained step), is {run.last_path}")
+        print(f"\ninterrupted; the last checkpoint, at step {run.global_step} (the last trained step), is {run.path('last')}")
         raise
     finally:
         run.close()
-    print(f"final eval at step {global_step}: return {last_eval:.1f} ± {returns.std():.1f}; checkpoints in {run.run_dir}")
-    sps = (global_step - run.global_step) / max(train_time, 1e-8)
-    return run.summary(global_step, returns, run.best_eval_return, sps, train_time)
+    summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": sps, "wall_time": time.time() - start_time}
+    final = {"final_eval_return": run.last_eval, "final_eval_std": eval_returns.std(), "best_eval_return": run.best_eval}
+    return summary | final
 
 
-def format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    h, rem = divmod(seconds, 3600)
-    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
-
-
-class Progress:
-    """One progress line per iteration; rewritten in place on a terminal, one line each in a log file."""
-
-    def __init__(self, total: int):
-        self.total, self.tty = total, sys.stdout.isatty()
-
-    def update(self, step: int, sps: float, recent_return: float, eval_return: float | None, final: bool = False):
-        eta = format_duration((self.total - step) / sps) if sps > 0 else "?"
-        line = f"step {step}/{self.total} ({100 * step / self.total:.1f}%) | SPS {sps:.0f} | ETA {eta}"
-        line += f" | return {recent_return:.1f} | eval {'-' if eval_return is None else f'{eval_return:.1f}'}"
-        print(f"\r{line}\033[K" if self.tty else line, end="" if self.tty and not final else "\n", flush=True)
+def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> None:
+    """One line per iteration; rewritten in place on a terminal, one line each in a log file."""
+    step, total, eval_return = run.global_step, run.args.total_timesteps, run.last_eval
+    seconds = int((total - step) / sps) if sps > 0 else 0
+    eta = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    evaluation = "-" if eval_return is None else f"{eval_return:.1f}"
+    line = f"step {step}/{total} ({100 * step / total:.1f}%) | SPS {sps:.0f} | ETA {eta}"
+    line += f" | return {recent_return:.1f} | eval {evaluation}"
+    tty = sys.stdout.isatty()
+    print(f"\r{line}\033[K" if tty else line, end="\n" if final or not tty else "", flush=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -703,65 +704,65 @@ class RewardScaler:
 # ---------------------------------------------------------------------------------------
 # Evaluation
 # ---------------------------------------------------------------------------------------
-def evaluate(agent: Agent, envs, obs_rms: RunningMeanStd, device: torch.device, seed: int, video_name=None) -> tuple:
-    """One episode per eval env with the deterministic policy (the Gaussian mean); `obs_rms` is not updated."""
+@torch.inference_mode()
+def evaluate(run: Run, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One episode per eval env with the deterministic policy (the Gaussian mean); logs `eval/*`; returns, lengths."""
+    envs, space = run.eval_envs, run.eval_envs.single_action_space
     if video_name is not None:
-        envs.envs[0].get_wrapper_attr("start")(video_name)
-    obs, _ = envs.reset(seed=seed)
-    returns, lengths = np.full(envs.num_envs, np.nan), np.zeros(envs.num_envs)
-    while np.isnan(returns).any():
-        with torch.inference_mode():
-            action = agent.actor_mean(torch.from_numpy(normalize(obs, obs_rms)).to(device)).cpu().numpy()
-        obs, _, _, _, infos = envs.step(np.clip(action, envs.single_action_space.low, envs.single_action_space.high))
-        if "final_info" in infos and "_episode" in infos["final_info"]:
-            first = infos["final_info"]["_episode"] & np.isnan(returns)
-            returns[first] = infos["final_info"]["episode"]["r"][first]
-            lengths[first] = infos["final_info"]["episode"]["l"][first]
+        envs.unwrapped.envs[0].get_wrapper_attr("start")(video_name)
+    obs, _ = envs.reset(seed=run.args.seed + 10_000)
+    returns, lengths = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=np.int64)
+    finished = np.zeros(envs.num_envs, dtype=bool)
+    while not finished.all():  # `obs_rms` is not updated
+        actions = run.agent.actor_mean(torch.as_tensor(normalize(obs, run.obs_rms), device=run.device)).cpu().numpy()
+        obs, rewards, terminated, truncated, _ = envs.step(np.clip(actions, space.low, space.high))
+        returns += rewards * ~finished
+        lengths += ~finished
+        finished |= terminated | truncated
+    stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
+    for name, value in {**stats, "length_mean": lengths.mean()}.items():
+        run.writer.add_scalar(f"eval/{name}", float(value), run.global_step)
     return returns, lengths
 
 
-def log_eval(writer: SummaryWriter, returns: np.ndarray, lengths: np.ndarray, step: int) -> None:
-    stats = dict(return_mean=returns.mean(), return_std=returns.std(), return_min=returns.min(), return_max=returns.max())
-    for name, value in {**stats, "length_mean": lengths.mean()}.items():
-        writer.add_scalar(f"eval/{name}", float(value), step)
-
-
 def evaluate_checkpoint(run: Run) -> dict:
-    """--eval-only: evaluate the checkpoint's policy once, logged at its step; closes `run`."""
-    args, step, video_name = run.args, run.global_step, "eval-only" if run.args.capture_video else None
+    """--eval-only: evaluate the checkpoint's policy once, log it, print one line."""
+    start_time, args = time.time(), run.args
     try:
-        returns, lengths = evaluate(run.agent, run.eval_envs, run.obs_rms, run.device, args.seed + 10_000, video_name)
-        log_eval(run.writer, returns, lengths, step)
+        returns, lengths = evaluate(run, "eval-only" if args.capture_video else None)
     finally:
         run.close()
-    print(f"eval of {args.checkpoint} (step {step}): return {returns.mean():.1f} ± {returns.std():.1f}")
-    return run.summary(step, returns, float(returns.mean()), 0.0, 0.0)
+    mean, std = float(returns.mean()), float(returns.std())
+    episodes = f"{len(returns)} episodes (length {lengths.mean():.1f})"
+    print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {episodes}")
+    summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0, "wall_time": time.time() - start_time}
+    return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
 
 
 # ---------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------
 def rng_state() -> dict:
-    np_state = np.random.get_state()
-    numpy = {"numpy_key": torch.from_numpy(np_state[1].astype(np.int64)), "numpy_pos": int(np_state[2])}
-    return {"torch": torch.get_rng_state(), **numpy, "python": random.getstate()[1]}
+    _, key, pos, has_gauss, gauss = np.random.get_state()  # numpy's cached Gaussian too: resume is bit-for-bit
+    numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
+    return {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
 
 
 def restore_rng(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(("MT19937", state["numpy_key"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
-    random.setstate((3, tuple(state["python"]), None))
+    n, (version, internal, gauss_next) = state["numpy"], state["python"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    random.setstate((version, tuple(internal), gauss_next))
 
 
-def save_checkpoint(path: str, run: Run, step: int, iteration: int, eval_return: float | None) -> None:
-    """Atomic write (temporary file, then os.replace); loadable with torch.load(weights_only=True)."""
-    if not all(torch.isfinite(p).all() for p in run.agent.parameters()):
-        raise TrainingDiverged("non-finite weights")  # the last good checkpoint stays
-    state = {"algo": SCRIPT, "args": asdict(run.args), "global_step": step, "iteration": iteration, "rng": rng_state()}
-    state |= {"eval_return": eval_return, "best_eval_return": run.best_eval_return}
-    state |= {"agent": run.agent.state_dict(), "optimizer": run.optimizer.state_dict()}
-    state |= {"obs_rms": run.obs_rms and run.obs_rms.state_dict(), "reward_rms": run.reward_scaler.rms.state_dict()}
-    torch.save(state, f"{path}.tmp")
+def save_checkpoint(run: Run, kind: str) -> None:
+    """`<script>_<kind>.pt` with the run's state at `run.global_step`; atomic: a temporary file renamed over it."""
+    agent, path = run.agent, run.path(kind)
+    ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "rng": rng_state(), "eval_return": run.last_eval}
+    ckpt.update(agent=agent.state_dict(), optimizer=run.optimizer.state_dict(), global_step=run.global_step)
+    ckpt["obs_rms"] = run.obs_rms.state_dict() if run.obs_rms is not None else None
+    ckpt.update(iteration=run.iteration, reward_rms=run.reward_scaler.rms.state_dict())
+    torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 
 
@@ -781,13 +782,13 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 
 # Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
-RUN_FIELDS = ("exp_name", "cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "output_dir")
-RUN_FIELDS += ("total_timesteps", "eval_interval", "eval_episodes", "checkpoint", "eval_only", "resume")
+RUN_FIELDS = "exp_name cuda track wandb_project_name wandb_entity capture_video output_dir total_timesteps".split()
+RUN_FIELDS += ["eval_interval", "eval_episodes", "checkpoint", "eval_only", "resume"]
 
 
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
     saved = {k: tuple(v) if isinstance(v, list) else v for k, v in ckpt["args"].items() if k not in RUN_FIELDS}
-    return replace(args, **{k: v for k, v in saved.items() if k in Args.__dataclass_fields__})
+    return dataclasses.replace(args, **{k: v for k, v in saved.items() if k in Args.__dataclass_fields__})
 
 
 # ---------------------------------------------------------------------------------------
@@ -806,10 +807,8 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     for name in ("ent_coef", "vf_coef"):
         require(getattr(args, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     for name in ("policy_hidden_sizes", "value_hidden_sizes"):
-        require(
-            min(getattr(args, name), default=0) > 0,
-            f"--{name.replace('_', '-')} must be positive sizes, got {getattr(args, name)}",
-        )
+        sizes = getattr(args, name)
+        require(min(sizes, default=0) > 0, f"--{name.replace('_', '-')} must be positive sizes, got {sizes}")
     batch = args.num_envs * args.num_steps
     require(batch % args.num_minibatches == 0, f"--num-minibatches {args.num_minibatches} must divide the batch {batch}")
     require(args.total_timesteps >= batch, f"--total-timesteps {args.total_timesteps} is less than one batch ({batch})")
@@ -826,9 +825,8 @@ def check_args(args: Args, gl_backend: str | None) -> None:
 
 def check_env(env_id: str) -> None:
     """The env id resolves and has a Box action space (one env is built and closed)."""
-    env = gym.make(resolve_env_id(env_id))
-    space = env.action_space
-    env.close()
+    with gym.make(resolve_env_id(env_id)) as env:
+        space = env.action_space
     if isinstance(space, gym.spaces.Discrete):
         raise ConfigError(f"{env_id} has a Discrete action space; this script needs Box actions: use ppo_discrete.py")
     if not isinstance(space, gym.spaces.Box):
@@ -846,8 +844,11 @@ def check_output_dir(output_dir: str) -> None:
 
 if __name__ == "__main__":
     try:
-        train(tyro.cli(Args))
+        summary = train(tyro.cli(Args))
     except (ConfigError, TrainingDiverged) as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         sys.exit(130)
+    s = summary
+    returns = f"final eval return {s['final_eval_return']:.2f} ± {s['final_eval_std']:.2f} | best {s['best_eval_return']:.2f}"
+    print(f"{returns} | {s['global_step']} steps | train SPS {s['train_sps']:.0f} | run dir {s['run_dir']}")
