@@ -912,19 +912,16 @@ def evaluate_checkpoint(run: Run) -> dict:
 # Checkpoints
 # ---------------------------------------------------------------------------------------
 def rng_state() -> dict:
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "numpy_key": torch.from_numpy(np_state[1].astype(np.int64)),
-        "numpy_pos": int(np_state[2]),
-        "python": random.getstate()[1],
-    }
+    _, key, pos, has_gauss, gauss = np.random.get_state()  # numpy's cached Gaussian too: resume is bit-for-bit
+    numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
+    return {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
 
 
 def restore_rng(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(("MT19937", state["numpy_key"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
-    random.setstate((3, tuple(state["python"]), None))
+    n, (version, internal, gauss_next) = state["numpy"], state["python"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    random.setstate((version, tuple(internal), gauss_next))
 
 
 def save_checkpoint(path: str, run: Run, step: int, iteration: int, eval_return: float | None) -> None:
@@ -952,10 +949,8 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 
 # Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
-RUN_FIELDS = (
-    "exp_name cuda track wandb_project_name wandb_entity capture_video output_dir total_timesteps eval_interval "
-    "eval_episodes max_episode_steps torch_threads checkpoint eval_only resume"
-).split()
+RUN_FIELDS = "exp_name cuda track wandb_project_name wandb_entity capture_video output_dir total_timesteps".split()
+RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_threads", "checkpoint", "eval_only", "resume"]
 
 
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
