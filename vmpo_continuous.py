@@ -558,7 +558,8 @@ def set_up(args: Args) -> Run:
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
 
     envs = None if args.eval_only else make_vector_env(args, args.num_envs, args.seed)
-    eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, os.path.join(run_dir, "videos"))
+    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+    eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, video_dir)
     agent = Agent(eval_envs.single_observation_space, eval_envs.single_action_space, args).to(device)
     duals = DualVariables(args.temperature_init, args.alpha_init).to(device)
     optimizers = build_optimizers(agent, duals, args)
@@ -604,8 +605,7 @@ def train(args: Args) -> dict:
 
     def evaluate_and_save() -> np.ndarray:
         nonlocal best_eval, last_eval
-        returns, lengths = evaluate(run, f"eval-step-{run.global_step}")
-        log_eval(writer, returns, lengths, run.global_step)
+        returns, _ = evaluate(run, f"eval-step-{run.global_step}" if args.capture_video else None)
         last_eval = float(returns.mean())
         if last_eval > best_eval:
             best_eval = last_eval
@@ -870,41 +870,38 @@ class RunningMeanStd:
 # ---------------------------------------------------------------------------------------
 # Evaluation
 # ---------------------------------------------------------------------------------------
-@torch.no_grad()
+@torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One episode per eval env: deterministic action b + s tanh(mean), frozen normalizer; env 0 records (video)."""
-    envs, agent, obs_rms, device = run.eval_envs, run.agent, run.obs_rms, run.device
-    if video_name is not None and isinstance(envs.unwrapped.envs[0], RecordEpisodeVideo):
-        envs.unwrapped.envs[0].start(video_name)
+    """One episode per eval env with the deterministic action b + s tanh(mean), frozen normalizer; logs ``eval/*``."""
+    envs = run.eval_envs
+    if video_name is not None:
+        envs.unwrapped.envs[0].get_wrapper_attr("start")(video_name)
     obs, _ = envs.reset(seed=run.args.seed + 10_000)
-    returns, lengths, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, np.int64), np.zeros(envs.num_envs, bool)
+    returns, lengths = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=np.int64)
+    finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        obs_t = torch.as_tensor(obs_rms.normalize(obs), device=device)
-        obs, reward, terminated, truncated, _ = envs.step(agent.deterministic_action(obs_t).cpu().numpy())
-        returns += np.where(finished, 0.0, reward)
+        obs_t = torch.as_tensor(run.obs_rms.normalize(obs), device=run.device)
+        obs, rewards, terminated, truncated, _ = envs.step(run.agent.deterministic_action(obs_t).cpu().numpy())
+        returns += rewards * ~finished
         lengths += ~finished
         finished |= terminated | truncated
+    stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
+    for name, value in {**stats, "length_mean": lengths.mean()}.items():
+        run.writer.add_scalar(f"eval/{name}", float(value), run.global_step)
     return returns, lengths
 
 
-def log_eval(writer: SummaryWriter, returns: np.ndarray, lengths: np.ndarray, step: int) -> None:
-    for name in ("mean", "std", "min", "max"):
-        writer.add_scalar(f"eval/return_{name}", float(getattr(returns, name)()), step)
-    writer.add_scalar("eval/length_mean", float(lengths.mean()), step)
-
-
 def evaluate_checkpoint(run: Run) -> dict:
-    """--eval-only: evaluate (and record) the checkpoint's policy on its env with this command's evaluation settings."""
-    args, start = run.args, time.time()
+    """--eval-only: evaluate the checkpoint's policy once, log it, print one line."""
+    start_time, args = time.time(), run.args
     try:
-        returns, lengths = evaluate(run, "eval-only")
-        log_eval(run.writer, returns, lengths, run.global_step)
+        returns, lengths = evaluate(run, "eval-only" if args.capture_video else None)
     finally:
         run.close()
     mean, std = float(returns.mean()), float(returns.std())
-    result = f"return {mean:.2f} ± {std:.2f} over {len(returns)} episodes; run dir {run.run_dir}"
-    print(f"evaluated {args.checkpoint} (step {run.global_step}) on {args.env_id}: {result}")
-    summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0, "wall_time": time.time() - start}
+    episodes = f"{len(returns)} episodes (length {lengths.mean():.1f})"
+    print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {episodes}")
+    summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0, "wall_time": time.time() - start_time}
     return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
 
 
