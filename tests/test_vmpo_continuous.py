@@ -571,7 +571,7 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
 
     with pytest.raises(
         V.TrainingDiverged,
-        match=r"non-finite .* at global step 64 .*last good checkpoint: "
+        match=r"non-finite .* at global step 64; stopped\. Last good checkpoint: "
         r".*vmpo_continuous_last.pt \(step 0\)",
     ):
         V.train(tiny_args(total_timesteps=256, policy_lr=1e30, value_lr=1e30, m_steps=4, output_dir=str(tmp_path / "nan")))
