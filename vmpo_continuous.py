@@ -545,24 +545,25 @@ def set_up(args: Args) -> Run:
         nothing = f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's step"
         raise ConfigError(f"{nothing} {source['global_step']}; pass a larger total to continue")
     check_args(args, gl_backend)
-    check_output_dir(args.output_dir)
-    run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}{'-eval' * args.eval_only}__{args.seed}__{int(time.time())}"
+    run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
+
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.cuda and not torch.cuda.is_available():
-        print("CUDA is not available; running on CPU.")
+        print("CUDA is not available; running on CPU")
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if args.track:
         import wandb
 
         where = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=run_name, dir=run_dir)
-        wandb.init(config=dataclasses.asdict(args), sync_tensorboard=True, **where)
+        wandb.init(**where, config=dataclasses.asdict(args), sync_tensorboard=True, save_code=True)
     writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
     envs = make_vector_env(args, args.num_envs, args.seed)
@@ -588,14 +589,14 @@ def train(args: Args) -> dict:
     run = set_up(args)
     if args.eval_only:
         return evaluate_checkpoint(run)
-    args, agent, envs, obs_rms, writer = run.args, run.agent, run.envs, run.obs_rms, run.writer
+    args, agent, optimizers, writer = run.args, run.agent, run.optimizers, run.writer
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     default_threads = torch.get_num_threads()
-    rollout = Rollout.empty(args.num_steps, envs, run.device)
-    raw_obs, _ = envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
-    obs_rms.update(raw_obs)
-    next_obs = torch.as_tensor(obs_rms.normalize(raw_obs), device=run.device)
+    rollout = Rollout.empty(args.num_steps, run.envs, run.device)
+    raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
+    run.obs_rms.update(raw_obs)
+    next_obs = torch.as_tensor(run.obs_rms.normalize(raw_obs), device=run.device)
     final_step = num_iterations * batch_size
     if run.iteration > 0:
         print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; ", end="")
@@ -613,12 +614,12 @@ def train(args: Args) -> dict:
             if args.anneal_lr:
                 # LaTeX: \lambda_k = \lambda_0 \left(1 - \frac{k - 1}{K}\right)
                 lr_scale = 1.0 - (iteration - 1.0) / num_iterations
-                for group, lr in zip(run.optimizers["model"].param_groups, (args.policy_lr, args.value_lr), strict=True):
+                for group, lr in zip(optimizers["model"].param_groups, (args.policy_lr, args.value_lr), strict=True):
                     group["lr"] = lr * lr_scale
 
             # ---- collect a rollout with the current policy
             torch.set_num_threads(1)  # batches of num_envs observations only lose to threading overhead
-            next_obs, episodes = collect_rollout(agent, envs, obs_rms, next_obs, rollout)
+            next_obs, episodes = collect_rollout(agent, run.envs, run.obs_rms, next_obs, rollout)
             for offset, episode_return, episode_length in episodes:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
@@ -635,7 +636,7 @@ def train(args: Args) -> dict:
             # ---- update
             torch.set_num_threads(args.torch_threads or default_threads)  # full-batch matrix products do use the cores
             try:
-                stats = vmpo_update(agent, run.duals, run.optimizers, batch, args)
+                stats = vmpo_update(agent, run.duals, optimizers, batch, args)
             except TrainingDiverged as e:
                 kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
                 raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
@@ -645,10 +646,10 @@ def train(args: Args) -> dict:
 
             # ---- log
             sps = trained_steps / train_time
-            writer.add_scalar("charts/learning_rate", run.optimizers["model"].param_groups[0]["lr"], run.global_step)
+            writer.add_scalar("charts/learning_rate", optimizers["model"].param_groups[0]["lr"], run.global_step)
             writer.add_scalar("charts/SPS", sps, run.global_step)
-            for tag, value in stats.items():
-                writer.add_scalar(tag, value, run.global_step)
+            for key, value in stats.items():
+                writer.add_scalar(key, value, run.global_step)
 
             # ---- evaluate and save: every eval_interval steps, and at the end
             every, last = args.eval_interval, iteration == num_iterations
@@ -982,6 +983,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     check_env(args.env_id)
     if args.capture_video:
         check_video(args.env_id, resolve_env_id(args.env_id), gl_backend)
+    check_output_dir(args.output_dir)
 
 
 def check_env(env_id: str) -> None:
