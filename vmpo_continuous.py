@@ -19,6 +19,8 @@ Run:
 Math: docs/vmpo_continuous.md (the file with its formulas inline) and docs/vmpo_continuous_annotations.md (by formula).
 """
 
+from __future__ import annotations
+
 import ctypes
 import dataclasses
 import math
@@ -259,7 +261,7 @@ class Rollout:
     restarting: torch.Tensor  # 0 on reset steps, else 1
 
     @classmethod
-    def empty(cls, num_steps: int, envs: gym.vector.VectorEnv, device: torch.device) -> "Rollout":
+    def empty(cls, num_steps: int, envs: gym.vector.VectorEnv, device: torch.device) -> Rollout:
         zeros = lambda *shape: torch.zeros((num_steps, envs.num_envs, *shape), device=device)  # noqa: E731
         obs_shape, act_dim = envs.single_observation_space.shape, envs.single_action_space.shape[0]
         return cls(zeros(*obs_shape), zeros(act_dim), zeros(act_dim), zeros(act_dim), *(zeros() for _ in range(5)))
@@ -488,7 +490,12 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         stats["vmpo/alpha_mu"], stats["vmpo/alpha_sigma"] = alpha_mu, alpha_sigma
         stats["vmpo/temperature"] = duals.temperature()
         stats["vmpo/ess"] = 1.0 / (weights**2).sum()  # effective sample size of the E-step weights
-    return {k: float(x.detach()) if torch.is_tensor(x) else float(x) for k, x in stats.items()}
+    stats = {k: float(x.detach()) if torch.is_tensor(x) else float(x) for k, x in stats.items()}
+    losses = ("losses/policy_loss", "losses/value_loss", "losses/temperature_loss", "losses/alpha_loss")
+    bad = [k for k in losses if not math.isfinite(stats[k])]
+    if bad or not all(torch.isfinite(p).all() for p in [*agent.parameters(), *duals.parameters()]):
+        raise TrainingDiverged(f"non-finite {', '.join(bad) or 'parameters'}")
+    return stats
 
 
 # ---------------------------------------------------------------------------------------
@@ -496,27 +503,29 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Run:
-    """What `set_up` builds and the loop uses."""
+    """What ``set_up`` builds and the training loop uses."""
 
     args: Args
     device: torch.device
     run_dir: str
     writer: SummaryWriter
-    envs: gym.vector.VectorEnv | None  # None with --eval-only
+    envs: gym.vector.VectorEnv
     eval_envs: gym.vector.VectorEnv
     agent: Agent
-    duals: DualVariables
     optimizers: dict[str, torch.optim.Optimizer]
-    obs_rms: "RunningMeanStd"
-    global_step: int  # 0, or the checkpoint's step
-    iteration: int  # 0, or the checkpoint's iteration
-    last_path: str
-    best_path: str
+    duals: DualVariables
+    obs_rms: RunningMeanStd
+    global_step: int = 0
+    iteration: int = 0
+    last_eval: float | None = None
+    best_eval: float = -math.inf
+
+    def path(self, kind: str) -> str:  # "last" or "best"
+        return os.path.join(self.run_dir, f"{SCRIPT}_{kind}.pt")
 
     def close(self) -> None:
-        for envs in (self.envs, self.eval_envs):
-            if envs is not None:
-                envs.close()
+        self.envs.close()
+        self.eval_envs.close()
         self.writer.close()
         if self.args.track:
             import wandb
@@ -528,182 +537,151 @@ def set_up(args: Args) -> Run:
     """Checks, seeds, run dir, logging, envs, agent; a checkpoint's state when resuming or evaluating."""
     gl_backend = choose_gl_backend(args.capture_video)  # before anything imports mujoco
     if args.eval_only and not args.checkpoint:
-        raise ConfigError("--eval-only needs --checkpoint PATH (a vmpo_continuous_*.pt file)")
-    source, flag = (args.checkpoint, "--checkpoint") if args.eval_only else (args.resume, "--resume")
-    ckpt = load_checkpoint(source, flag) if source else None
-    args = args_with_checkpoint(args, ckpt) if ckpt else args  # the checkpoint's hyperparameters and env
-    if args.resume and args.total_timesteps // (args.num_envs * args.num_steps) <= ckpt["iteration"]:
-        raise ConfigError(
-            f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's "
-            f"step {ckpt['global_step']}; pass a larger total to continue"
-        )
+        raise ConfigError(f"--eval-only needs --checkpoint PATH (a {SCRIPT}_*.pt file)")
+    source_path, flag = (args.checkpoint, "--checkpoint") if args.eval_only else (args.resume, "--resume")
+    source = load_checkpoint(source_path, flag) if source_path else None
+    args = args_with_checkpoint(args, source) if source is not None else args
+    if args.resume and args.total_timesteps // (args.num_envs * args.num_steps) <= source["iteration"]:
+        nothing = f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's step"
+        raise ConfigError(f"{nothing} {source['global_step']}; pass a larger total to continue")
     check_args(args, gl_backend)
-    check_output_dir(args.output_dir)
-    run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}{'-eval' * args.eval_only}__{args.seed}__{int(time.time())}"
+    run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
+
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.cuda and not torch.cuda.is_available():
-        print("CUDA is not available; running on CPU.")
+        print("CUDA is not available; running on CPU")
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if args.track:
         import wandb
 
         where = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=run_name, dir=run_dir)
-        wandb.init(config=dataclasses.asdict(args), sync_tensorboard=True, **where)
+        wandb.init(**where, config=dataclasses.asdict(args), sync_tensorboard=True, save_code=True)
     writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
-    envs = None if args.eval_only else make_vector_env(args, args.num_envs, args.seed)
-    eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, os.path.join(run_dir, "videos"))
-    agent = Agent(eval_envs.single_observation_space, eval_envs.single_action_space, args).to(device)
+    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+    envs = make_vector_env(args, args.num_envs, args.seed)
+    eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, video_dir)
+    agent = Agent(envs.single_observation_space, envs.single_action_space, args).to(device)
     duals = DualVariables(args.temperature_init, args.alpha_init).to(device)
-    optimizers = build_optimizers(agent, duals, args)
-    obs_rms = RunningMeanStd(eval_envs.single_observation_space.shape, args.norm_obs)
-    last_path, best_path = (os.path.join(run_dir, f"{SCRIPT}_{kind}.pt") for kind in ("last", "best"))
-    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, duals, optimizers, obs_rms, 0, 0, last_path, best_path)
-    if ckpt is not None:
-        agent.load_state_dict(ckpt["agent"])
-        obs_rms.load_state_dict(ckpt["obs_rms"])
-        run.global_step = ckpt["global_step"]
-    if args.resume:
-        duals.load_state_dict(ckpt["duals"])
-        for name, optimizer in optimizers.items():
-            optimizer.load_state_dict(ckpt["optimizers"][name])
-        restore_rng(ckpt["rng"])
-        run.iteration = ckpt["iteration"]
+    obs_rms = RunningMeanStd(envs.single_observation_space.shape, args.norm_obs)
+    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, build_optimizers(agent, duals, args), duals, obs_rms)
+    if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
+        run.agent.load_state_dict(source["agent"])
+        run.obs_rms.load_state_dict(source["obs_rms"])
+        run.global_step = source["global_step"]
+        if args.resume:
+            run.duals.load_state_dict(source["duals"])
+            for name, optimizer in run.optimizers.items():
+                optimizer.load_state_dict(source["optimizers"][name])
+            run.iteration = source["iteration"]
+            restore_rng(source["rng"])
     return run
 
 
 def train(args: Args) -> dict:
     run = set_up(args)
-    if run.args.eval_only:
+    if args.eval_only:
         return evaluate_checkpoint(run)
-    args, agent, envs, obs_rms, writer = run.args, run.agent, run.envs, run.obs_rms, run.writer
+    args, agent, optimizers, writer = run.args, run.agent, run.optimizers, run.writer
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
-    final_step, start_step = num_iterations * batch_size, run.global_step  # whole rollouts only
-    if args.resume:
-        print(f"resuming {args.resume} at step {start_step} with its saved hyperparameters; training to step {final_step}")
+    default_threads = torch.get_num_threads()
+    rollout = Rollout.empty(args.num_steps, run.envs, run.device)
+    raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
+    run.obs_rms.update(raw_obs)
+    next_obs = torch.as_tensor(run.obs_rms.normalize(raw_obs), device=run.device)
+    final_step = num_iterations * batch_size
+    if run.iteration > 0:
+        print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; ", end="")
+        print(f"training to step {final_step}")
     elif final_step != args.total_timesteps:
         rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
         print(f"training to step {final_step}: {rounded}")
-    default_threads = torch.get_num_threads()
-    rollout = Rollout.empty(args.num_steps, envs, run.device)
-    # Env states are not checkpointed: a resumed run starts fresh episodes (differently seeded).
-    raw_obs = envs.reset(seed=args.seed + run.iteration)[0]
-    obs_rms.update(raw_obs)
-    next_obs = torch.as_tensor(obs_rms.normalize(raw_obs), device=run.device)
-    recent_returns: deque[float] = deque(maxlen=20)
-    best_eval, last_eval = -math.inf, None
-    next_eval = (start_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval > 0 else math.inf
-    progress, train_time, start_time = Progress(args.total_timesteps), 0.0, time.time()
-
-    def evaluate_and_save() -> np.ndarray:
-        nonlocal best_eval, last_eval
-        returns, lengths = evaluate(run, f"eval-step-{run.global_step}")
-        log_eval(writer, returns, lengths, run.global_step)
-        last_eval = float(returns.mean())
-        if last_eval > best_eval:
-            best_eval = last_eval
-            save_checkpoint(run.best_path, run, run.global_step, run.iteration, last_eval)
-        save_checkpoint(run.last_path, run, run.global_step, run.iteration, last_eval)
-        return returns
-
-    # _last always holds the last completed update, so Ctrl-C loses only unfinished work.
-    save_checkpoint(run.last_path, run, run.global_step, run.iteration, last_eval)
-    saved_step = run.global_step
+    recent_returns = deque(maxlen=20)
+    start_time, train_time, trained_steps = time.time(), 0.0, 0
+    # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
+    save_checkpoint(run, "last")
     try:
         for iteration in range(run.iteration + 1, num_iterations + 1):
             tick = time.time()
-            # ---- anneal the learning rate
             if args.anneal_lr:
                 # LaTeX: \lambda_k = \lambda_0 \left(1 - \frac{k - 1}{K}\right)
                 lr_scale = 1.0 - (iteration - 1.0) / num_iterations
-                for group, lr in zip(run.optimizers["model"].param_groups, (args.policy_lr, args.value_lr), strict=True):
+                for group, lr in zip(optimizers["model"].param_groups, (args.policy_lr, args.value_lr), strict=True):
                     group["lr"] = lr * lr_scale
-            # ---- collect a rollout (one thread: batches of num_envs observations only lose to threading overhead)
-            torch.set_num_threads(1)
-            next_obs, episodes = collect_rollout(agent, envs, obs_rms, next_obs, rollout)
+
+            # ---- collect a rollout with the current policy
+            torch.set_num_threads(1)  # batches of num_envs observations only lose to threading overhead
+            next_obs, episodes = collect_rollout(agent, run.envs, run.obs_rms, next_obs, rollout)
             for offset, episode_return, episode_length in episodes:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
                 writer.add_scalar("charts/episodic_length", episode_length, run.global_step + offset)
-            run.global_step += batch_size
-            # ---- advantages: row t+1 holds s_{t+1}; the observation after the rollout bootstraps its last row
-            with torch.inference_mode():
+
+            # ---- advantages and value targets
+            with torch.inference_mode():  # row t+1 holds s_{t+1}; the observation after the rollout bootstraps the last row
                 next_values = torch.cat([rollout.values[1:], agent(next_obs)[2].unsqueeze(0)], 0)
             gae_lambda = ESTIMATOR_LAMBDA.get(args.advantage_estimator, args.gae_lambda)
-            advantages, returns = compute_targets(
-                rollout.rewards, rollout.values, next_values, rollout.terminated, rollout.truncated, args.gamma, gae_lambda
-            )
-            # ---- update (full-batch matrix products do use the cores)
-            torch.set_num_threads(args.torch_threads or default_threads)
-            stats = vmpo_update(agent, run.duals, run.optimizers, rollout.batch(advantages, returns), args)
-            losses = ("losses/policy_loss", "losses/value_loss", "losses/temperature_loss", "losses/alpha_loss")
-            bad = [k for k in losses if not math.isfinite(stats[k])]
-            if bad or not all(torch.isfinite(p).all() for p in [*agent.parameters(), *run.duals.parameters()]):
-                what = ", ".join(bad) or "parameters"
-                raise TrainingDiverged(
-                    f"non-finite {what} at global step {run.global_step} (iteration {iteration}); stopped; "
-                    f"last good checkpoint: {run.last_path} (step {saved_step})"
-                )
-            # ---- save _last.pt, before logging: Ctrl-C from here on keeps this update
-            run.iteration = iteration
-            save_checkpoint(run.last_path, run, run.global_step, iteration, last_eval)
-            saved_step = run.global_step
-            train_time += time.time() - tick
-            # ---- log
-            sps = (run.global_step - start_step) / max(train_time, 1e-9)
-            writer.add_scalar("charts/SPS", int(sps), run.global_step)
-            writer.add_scalar("charts/learning_rate", run.optimizers["model"].param_groups[0]["lr"], run.global_step)
-            for tag, value in stats.items():
-                writer.add_scalar(tag, value, run.global_step)
-            # ---- evaluate and save
-            if run.global_step >= next_eval and iteration < num_iterations:
-                evaluate_and_save()
-                next_eval = (run.global_step // args.eval_interval + 1) * args.eval_interval
-            progress.update(run.global_step, sps, np.mean(recent_returns) if recent_returns else math.nan, last_eval)
+            target_inputs = (rollout.rewards, rollout.values, next_values, rollout.terminated, rollout.truncated)
+            advantages, returns = compute_targets(*target_inputs, args.gamma, gae_lambda)
+            batch = rollout.batch(advantages, returns)
 
-        eval_returns = evaluate_and_save()
-        mean, std = float(eval_returns.mean()), float(eval_returns.std())
-        print(f"final eval return {mean:.2f} ± {std:.2f} | best {best_eval:.2f} | run dir {run.run_dir}")
+            # ---- update
+            torch.set_num_threads(args.torch_threads or default_threads)  # full-batch matrix products do use the cores
+            try:
+                stats = vmpo_update(agent, run.duals, optimizers, batch, args)
+            except TrainingDiverged as e:
+                kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
+                raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
+            run.iteration, run.global_step = iteration, run.global_step + batch_size
+            save_checkpoint(run, "last")
+            train_time, trained_steps = train_time + time.time() - tick, trained_steps + batch_size
+
+            # ---- log
+            sps = trained_steps / train_time
+            writer.add_scalar("charts/learning_rate", optimizers["model"].param_groups[0]["lr"], run.global_step)
+            writer.add_scalar("charts/SPS", sps, run.global_step)
+            for key, value in stats.items():
+                writer.add_scalar(key, value, run.global_step)
+
+            # ---- evaluate and save: every eval_interval steps, and at the end
+            every, last = args.eval_interval, iteration == num_iterations
+            if last or (every > 0 and run.global_step // every > (run.global_step - batch_size) // every):
+                eval_returns, _ = evaluate(run, f"eval-step-{run.global_step}" if args.capture_video else None)
+                run.last_eval = float(eval_returns.mean())
+                save_checkpoint(run, "last")
+                if run.last_eval >= run.best_eval:
+                    run.best_eval = run.last_eval
+                    save_checkpoint(run, "best")
+            print_progress(run, sps, np.mean(recent_returns or [math.nan]), final=last)
     except KeyboardInterrupt:
-        print(f"\ninterrupted; the last checkpoint, at step {saved_step} (the last trained step), is {run.last_path}")
+        print(f"\ninterrupted; the last checkpoint, at step {run.global_step} (the last trained step), is {run.path('last')}")
         raise
     finally:
         torch.set_num_threads(default_threads)
         run.close()
     summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": sps, "wall_time": time.time() - start_time}
-    return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": best_eval}
+    final = {"final_eval_return": run.last_eval, "final_eval_std": eval_returns.std(), "best_eval_return": run.best_eval}
+    return summary | final
 
 
-def format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    h, rem = divmod(seconds, 3600)
-    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
-
-
-class Progress:
-    """One progress line per iteration; rewritten in place on a terminal, one line each in a log file."""
-
-    def __init__(self, total: int):
-        self.total, self.tty = total, sys.stdout.isatty()
-
-    def update(self, step: int, sps: float, recent_return: float, eval_return: float | None, final: bool = False):
-        eta = (self.total - step) / sps if sps > 0 else float("nan")
-        line = (
-            f"step {step}/{self.total} ({100 * step / self.total:.1f}%) | SPS {sps:.0f} | "
-            f"ETA {format_duration(eta) if math.isfinite(eta) else '?'} | return {recent_return:.1f} | "
-            f"eval {'-' if eval_return is None else f'{eval_return:.1f}'}"
-        )
-        if self.tty:
-            print(f"\r{line}\033[K", end="\n" if final else "", flush=True)
-        else:
-            print(line, flush=True)
+def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> None:
+    """One line per iteration; rewritten in place on a terminal, one line each in a log file."""
+    step, total, eval_return = run.global_step, run.args.total_timesteps, run.last_eval
+    seconds = int((total - step) / sps) if sps > 0 else 0
+    eta = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    evaluation = "-" if eval_return is None else f"{eval_return:.1f}"
+    line = f"step {step}/{total} ({100 * step / total:.1f}%) | SPS {sps:.0f} | ETA {eta}"
+    line += f" | return {recent_return:.1f} | eval {evaluation}"
+    tty = sys.stdout.isatty()
+    print(f"\r{line}\033[K" if tty else line, end="\n" if final or not tty else "", flush=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -870,41 +848,38 @@ class RunningMeanStd:
 # ---------------------------------------------------------------------------------------
 # Evaluation
 # ---------------------------------------------------------------------------------------
-@torch.no_grad()
+@torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One episode per eval env: deterministic action b + s tanh(mean), frozen normalizer; env 0 records (video)."""
-    envs, agent, obs_rms, device = run.eval_envs, run.agent, run.obs_rms, run.device
-    if video_name is not None and isinstance(envs.unwrapped.envs[0], RecordEpisodeVideo):
-        envs.unwrapped.envs[0].start(video_name)
+    """One episode per eval env with the deterministic action b + s tanh(mean), frozen normalizer; logs ``eval/*``."""
+    envs = run.eval_envs
+    if video_name is not None:
+        envs.unwrapped.envs[0].get_wrapper_attr("start")(video_name)
     obs, _ = envs.reset(seed=run.args.seed + 10_000)
-    returns, lengths, finished = np.zeros(envs.num_envs), np.zeros(envs.num_envs, np.int64), np.zeros(envs.num_envs, bool)
+    returns, lengths = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=np.int64)
+    finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        obs_t = torch.as_tensor(obs_rms.normalize(obs), device=device)
-        obs, reward, terminated, truncated, _ = envs.step(agent.deterministic_action(obs_t).cpu().numpy())
-        returns += np.where(finished, 0.0, reward)
+        obs_t = torch.as_tensor(run.obs_rms.normalize(obs), device=run.device)
+        obs, rewards, terminated, truncated, _ = envs.step(run.agent.deterministic_action(obs_t).cpu().numpy())
+        returns += rewards * ~finished
         lengths += ~finished
         finished |= terminated | truncated
+    stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
+    for name, value in {**stats, "length_mean": lengths.mean()}.items():
+        run.writer.add_scalar(f"eval/{name}", float(value), run.global_step)
     return returns, lengths
 
 
-def log_eval(writer: SummaryWriter, returns: np.ndarray, lengths: np.ndarray, step: int) -> None:
-    for name in ("mean", "std", "min", "max"):
-        writer.add_scalar(f"eval/return_{name}", float(getattr(returns, name)()), step)
-    writer.add_scalar("eval/length_mean", float(lengths.mean()), step)
-
-
 def evaluate_checkpoint(run: Run) -> dict:
-    """--eval-only: evaluate (and record) the checkpoint's policy on its env with this command's evaluation settings."""
-    args, start = run.args, time.time()
+    """--eval-only: evaluate the checkpoint's policy once, log it, print one line."""
+    start_time, args = time.time(), run.args
     try:
-        returns, lengths = evaluate(run, "eval-only")
-        log_eval(run.writer, returns, lengths, run.global_step)
+        returns, lengths = evaluate(run, "eval-only" if args.capture_video else None)
     finally:
         run.close()
     mean, std = float(returns.mean()), float(returns.std())
-    result = f"return {mean:.2f} ± {std:.2f} over {len(returns)} episodes; run dir {run.run_dir}"
-    print(f"evaluated {args.checkpoint} (step {run.global_step}) on {args.env_id}: {result}")
-    summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0, "wall_time": time.time() - start}
+    episodes = f"{len(returns)} episodes (length {lengths.mean():.1f})"
+    print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {episodes}")
+    summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0, "wall_time": time.time() - start_time}
     return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
 
 
@@ -912,27 +887,26 @@ def evaluate_checkpoint(run: Run) -> dict:
 # Checkpoints
 # ---------------------------------------------------------------------------------------
 def rng_state() -> dict:
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "numpy_key": torch.from_numpy(np_state[1].astype(np.int64)),
-        "numpy_pos": int(np_state[2]),
-        "python": random.getstate()[1],
-    }
+    _, key, pos, has_gauss, gauss = np.random.get_state()  # numpy's cached Gaussian too: resume is bit-for-bit
+    numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
+    return {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
 
 
 def restore_rng(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(("MT19937", state["numpy_key"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
-    random.setstate((3, tuple(state["python"]), None))
+    n, (version, internal, gauss_next) = state["numpy"], state["python"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    random.setstate((version, tuple(internal), gauss_next))
 
 
-def save_checkpoint(path: str, run: Run, step: int, iteration: int, eval_return: float | None) -> None:
-    """Atomic write (temporary file, then os.replace) of everything resume needs; weights_only-loadable."""
-    state = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "global_step": step, "iteration": iteration}
-    state.update(eval_return=eval_return, rng=rng_state(), agent=run.agent.state_dict(), duals=run.duals.state_dict())
-    state.update(obs_rms=run.obs_rms.state_dict(), optimizers={k: opt.state_dict() for k, opt in run.optimizers.items()})
-    torch.save(state, f"{path}.tmp")
+def save_checkpoint(run: Run, kind: str) -> None:
+    """``<script>_<kind>.pt`` with the run's state at ``run.global_step``; atomic: a temporary file renamed over it."""
+    path = run.path(kind)
+    ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "rng": rng_state(), "eval_return": run.last_eval}
+    ckpt.update(agent=run.agent.state_dict(), duals=run.duals.state_dict(), global_step=run.global_step)
+    ckpt.update(optimizers={k: opt.state_dict() for k, opt in run.optimizers.items()}, iteration=run.iteration)
+    ckpt["obs_rms"] = run.obs_rms.state_dict()
+    torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 
 
@@ -952,10 +926,8 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 
 # Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
-RUN_FIELDS = (
-    "exp_name cuda track wandb_project_name wandb_entity capture_video output_dir total_timesteps eval_interval "
-    "eval_episodes max_episode_steps torch_threads checkpoint eval_only resume"
-).split()
+RUN_FIELDS = "exp_name cuda track wandb_project_name wandb_entity capture_video output_dir total_timesteps".split()
+RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_threads", "checkpoint", "eval_only", "resume"]
 
 
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
@@ -1011,6 +983,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     check_env(args.env_id)
     if args.capture_video:
         check_video(args.env_id, resolve_env_id(args.env_id), gl_backend)
+    check_output_dir(args.output_dir)
 
 
 def check_env(env_id: str) -> None:
@@ -1041,10 +1014,12 @@ def check_output_dir(output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    cli_args = tyro.cli(Args)
     try:
-        train(cli_args)
+        summary = train(tyro.cli(Args))
     except (ConfigError, TrainingDiverged) as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         sys.exit(130)
+    s = summary
+    returns = f"final eval return {s['final_eval_return']:.2f} ± {s['final_eval_std']:.2f} | best {s['best_eval_return']:.2f}"
+    print(f"{returns} | {s['global_step']} steps | train SPS {s['train_sps']:.0f} | run dir {s['run_dir']}")
