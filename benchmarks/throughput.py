@@ -56,7 +56,8 @@ WARMUP_STEPS = 20  # vector steps before the timed ones
 
 def random_action_sps(module, args, steps: int) -> float:
     """Env steps per second of the script's own vector env driven by random actions."""
-    module.choose_gl_backend(args.capture_video)  # as train() does, before the envs import mujoco
+    if hasattr(module, "choose_gl_backend"):  # as train() does, before the envs import mujoco (ppo_discrete has none)
+        module.choose_gl_backend(args.capture_video)
     envs = module.make_vector_env(args, args.num_envs, args.seed)
     try:
         envs.reset(seed=args.seed)

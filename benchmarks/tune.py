@@ -320,12 +320,16 @@ def load_args(module, argv: list[str], script: Path, what: str):
 def check_script_args(module, args) -> None:
     """The script's own argument and env checks (its `check_args`), as one line on failure.
 
-    The scripts choose MuJoCo's GL backend first (`choose_gl_backend` sets MUJOCO_GL for this
-    process); the trials' own processes must choose theirs, so the variable is put back after.
+    The continuous scripts choose MuJoCo's GL backend first (`choose_gl_backend` sets MUJOCO_GL for
+    this process); the trials' own processes must choose theirs, so the variable is put back after.
+    `ppo_discrete.py` renders no MuJoCo and has no backend to choose.
     """
     saved = os.environ.get("MUJOCO_GL")
     try:
-        module.check_args(args, module.choose_gl_backend(args.capture_video))
+        if hasattr(module, "choose_gl_backend"):
+            module.check_args(args, module.choose_gl_backend(args.capture_video))
+        else:
+            module.check_args(args)
     except Exception as e:
         if type(e).__name__ == "ConfigError":  # the script's own message
             raise common.BenchmarkError(str(e)) from None
