@@ -1,9 +1,8 @@
 """PPO for continuous actions: a diagonal Gaussian policy trained with the clipped surrogate and GAE.
 
-Proximal Policy Optimization (Schulman et al., 2017, https://arxiv.org/abs/1707.06347) with Generalized
-Advantage Estimation (Schulman et al., 2016, https://arxiv.org/abs/1506.02438). The policy's mean is an MLP,
-its log std a free parameter; the value function is a separate MLP. Actions are clipped only where they
-enter the env. A truncated episode (every dm_control episode) bootstraps from its final observation's value.
+PPO (Schulman et al., 2017, https://arxiv.org/abs/1707.06347) with GAE (Schulman et al., 2016, arXiv:1506.02438):
+the policy's mean is an MLP, its log std a free parameter, the value a separate MLP; actions are clipped only where
+they enter the env; a truncated episode (every dm_control episode) bootstraps from its final observation's value.
 
     python ppo_continuous.py --env-id dm_control/walker/walk
     python ppo_continuous.py --env-id dm_control/cartpole/swingup --total-timesteps 500000 --track
@@ -27,6 +26,7 @@ import warnings
 from collections import deque
 from dataclasses import dataclass
 
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: threads only slow RolloutPolicy's tiny products
 import gymnasium as gym
 import imageio
 import numpy as np
@@ -585,8 +585,8 @@ def library_loads(names: tuple[str, ...]) -> bool:
 
 
 def choose_gl_backend(capture_video: bool) -> str | None:
-    """Set MUJOCO_GL before mujoco is imported: the user's wins; 'disable' without video; for video, the first of
-    GL_BACKENDS whose library loads (None if none does: mujoco still imports, and check_video names what to install)."""
+    """Set MUJOCO_GL before mujoco loads: the user's wins, else 'disable' without video, else the first GL_BACKENDS
+    library that loads (None if none does: check_video then names what to install)."""
     if "MUJOCO_GL" in os.environ or (capture_video and sys.platform != "linux"):
         return os.environ.get("MUJOCO_GL", "default")  # "default": MuJoCo's own windowing (macOS, Windows)
     backend = next((name for name, libraries in GL_BACKENDS if library_loads(libraries)), None) if capture_video else "disable"
