@@ -118,7 +118,7 @@ def sample_vmpo_continuous(trial: SearchTrial, args: Any) -> list[str]:
         value_lr=trial.suggest_float("value_lr", 3e-5, 3e-3, log=True),
         num_envs=trial.suggest_categorical("num_envs", [4, 8, 16]),
         num_steps=trial.suggest_categorical("num_steps", [32, 64, 128, 256, 512]),
-        m_steps=trial.suggest_categorical("m_steps", [1, 2, 4, 8, 16, 32]),
+        m_steps=trial.suggest_categorical("m_steps", [1, 4, 10, 20, 40, 80, 120]),
         topk_fraction=trial.suggest_float("topk_fraction", 0.2, 1.0),
         epsilon_eta=trial.suggest_float("epsilon_eta", 0.01, 1.0, log=True),
         epsilon_mu=trial.suggest_float("epsilon_mu", 1e-3, 0.5, log=True),
