@@ -5,7 +5,7 @@ Control", https://arxiv.org/abs/1909.12238) is an on-policy EM-style algorithm. 
 the E-step keeps the top fraction rho of the normalized advantages and weights them by psi ~ exp(A / eta), the
 temperature eta taking one step on its dual loss (KL bound epsilon_eta); the M-step fits the policy to the weighted
 samples under decoupled KL trust regions on the Gaussian's mean and covariance (bounds epsilon_mu, epsilon_sigma;
-multipliers alpha_mu, alpha_sigma), and the value function to the targets, in m_steps full-batch steps.
+multipliers alpha_mu, alpha_sigma), and the value function to the targets, in m_steps gradient steps.
 
 Departures from the paper, each an option: `--m-step clip` (the default) bounds the pull toward the top-k samples and
 adds a bounded push off the bottom-k ones (`--m-step seed` is the paper's update); PPO's network; an annealed lr.
@@ -79,7 +79,9 @@ class Args:
     gae_lambda: float = 0.95
     """lambda of GAE (only with --advantage-estimator gae)"""
     m_steps: int = 80
-    """M-step gradient steps on the full rollout per iteration"""
+    """M-step gradient steps per iteration"""
+    num_minibatches: int = 1
+    """minibatches of the rollout: each M-step uses one, reshuffled every num_minibatches steps (1: full-batch steps)"""
     policy_lr: float = 1e-3
     """learning rate of the policy parameters"""
     value_lr: float = 5e-4
@@ -445,19 +447,26 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     old_log_prob = gaussian_log_prob(old_means, old_log_stds, u)
 
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit.
-    for _ in range(args.m_steps):
-        mean, log_std, values = agent(obs)
-        gaussian_lp = gaussian_log_prob(mean, log_std, u)
+    # Each step sees one minibatch (the whole batch with --num-minibatches 1); psi sums to 1 over the batch, so a
+    # minibatch's weights are scaled by N / n to keep the likelihood's size against the KL terms.
+    n = len(obs) // args.num_minibatches
+    for step in range(args.m_steps):
+        if step % args.num_minibatches == 0:  # a fresh shuffle for each pass over the batch
+            order = torch.randperm(len(obs), device=obs.device) if args.num_minibatches > 1 else None
+        mb, scale = slice(None) if order is None else order[step % args.num_minibatches * n :][:n], args.num_minibatches
+        mean, log_std, values = agent(obs[mb])
+        gaussian_lp = gaussian_log_prob(mean, log_std, u[mb])
         # The env action a = b + s tanh(u): a change of variables.
         # LaTeX: \log \pi_\theta(a_t|s_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log|\det \partial a/\partial u|
-        log_prob = gaussian_lp - log_det
+        log_prob = gaussian_lp - log_det[mb]
         # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): the squash Jacobian cancels, the pre-tanh Gaussians are enough.
         # LaTeX: \log \rho_t = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old})
-        log_ratio = gaussian_lp - old_log_prob
-        likelihood_loss = m_step_policy_loss(args.m_step, weights, push_weights, log_prob, log_ratio, args.m_step_clip)
-        kl_mu_t, kl_sigma_t = decoupled_kl(mean, log_std, old_means, old_log_stds)
+        log_ratio = gaussian_lp - old_log_prob[mb]
+        push = None if push_weights is None else scale * push_weights[mb]
+        likelihood_loss = m_step_policy_loss(args.m_step, scale * weights[mb], push, log_prob, log_ratio, args.m_step_clip)
+        kl_mu_t, kl_sigma_t = decoupled_kl(mean, log_std, old_means[mb], old_log_stds[mb])
         # LaTeX: (D_\mu, D_\sigma) = \frac{1}{N_{sel}} \sum_{t \in \mathcal{S}} \big(D_\mu(s_t), D_\sigma(s_t)\big)
-        kl_mu, kl_sigma = masked_mean(kl_mu_t, selected), masked_mean(kl_sigma_t, selected)
+        kl_mu, kl_sigma = masked_mean(kl_mu_t, selected[mb]), masked_mean(kl_sigma_t, selected[mb])
         # The multipliers' dual loss, KLs held constant: minimizing it grows alpha while its KL is above epsilon.
         alpha_mu, alpha_sigma = duals.alphas()
         # LaTeX: \mathcal{L}_\alpha = \alpha_\mu (\epsilon_\mu - D_\mu) + \alpha_\sigma (\epsilon_\sigma - D_\sigma)
@@ -469,7 +478,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         # LaTeX: \mathcal{L}_\pi = \mathcal{L}^{lik}_\pi + \mathrm{sg}[\alpha_\mu] D_\mu + \mathrm{sg}[\alpha_\sigma] D_\sigma
         policy_loss = likelihood_loss + alpha_mu * kl_mu + alpha_sigma * kl_sigma
         # LaTeX: \mathcal{L}_V = \frac{1}{2 N_{valid}} \sum_{t : w^{restart}_t = 1} (V_\phi(s_t) - R_t)^2
-        value_loss = 0.5 * masked_mean((values - returns) ** 2, restarting)
+        value_loss = 0.5 * masked_mean((values - returns[mb]) ** 2, restarting[mb])
         # LaTeX: \mathcal{L} = \mathcal{L}_\pi + \mathcal{L}_V
         total_loss = policy_loss + value_loss
         optimizers["model"].zero_grad()
@@ -478,15 +487,15 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizers["model"].step()
 
-    # ---- Diagnostics: the last M-step's; the KLs and the clip fraction over all non-restarting samples.
+    # ---- Diagnostics: the last M-step's (its minibatch); the KLs and the clip fraction over non-restarting samples.
     with torch.no_grad():
-        clipped = ((log_ratio.exp() - 1.0).abs() > args.m_step_clip).float()
+        clipped, valid = ((log_ratio.exp() - 1.0).abs() > args.m_step_clip).float(), restarting[mb]
         stats = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss, "losses/alpha_loss": alpha_loss}
         stats["losses/temperature_loss"] = estep["dual_loss"]
-        stats["losses/entropy"] = masked_mean(gaussian_entropy(log_std), selected)
-        stats["losses/explained_variance"] = explained_variance(values[restarting > 0], returns[restarting > 0])
-        stats["losses/clipfrac"] = masked_mean(clipped, restarting)
-        stats["kl/mean"], stats["kl/std"] = masked_mean(kl_mu_t, restarting), masked_mean(kl_sigma_t, restarting)
+        stats["losses/entropy"] = masked_mean(gaussian_entropy(log_std), selected[mb])
+        stats["losses/explained_variance"] = explained_variance(values[valid > 0], returns[mb][valid > 0])
+        stats["losses/clipfrac"] = masked_mean(clipped, valid)
+        stats["kl/mean"], stats["kl/std"] = masked_mean(kl_mu_t, valid), masked_mean(kl_sigma_t, valid)
         stats["vmpo/alpha_mu"], stats["vmpo/alpha_sigma"] = alpha_mu, alpha_sigma
         stats["vmpo/temperature"] = duals.temperature()
         stats["vmpo/ess"] = 1.0 / (weights**2).sum()  # effective sample size of the E-step weights
@@ -964,9 +973,13 @@ def check_args(args: Args, gl_backend: str | None) -> None:
         raise ConfigError(f"--gamma and --gae-lambda must be in [0, 1], got {args.gamma} and {args.gae_lambda}")
     if args.torch_threads < 0:
         raise ConfigError(f"--torch-threads must be >= 0 (0 = torch's default), got {args.torch_threads}")
-    for name in ("num_envs", "num_steps", "m_steps", "eval_episodes"):
+    for name in ("num_envs", "num_steps", "m_steps", "num_minibatches", "eval_episodes"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if (args.num_envs * args.num_steps) % args.num_minibatches:
+        raise ConfigError(
+            f"--num-minibatches {args.num_minibatches} must divide the rollout of {args.num_envs * args.num_steps}"
+        )
     if args.eval_interval < 0:
         raise ConfigError(f"--eval-interval must be >= 0 (0 = only the final evaluation), got {args.eval_interval}")
     batch = args.num_envs * args.num_steps
