@@ -279,12 +279,12 @@ def test_temperature_follows_its_dual_gradient(temperature_init):
     assert grad != 0 and np.sign(after[0] - before[0]) == -np.sign(grad)
 
 
-@pytest.mark.parametrize("m_step", ["seed", "push", "clip"])
-def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_step):
+@pytest.mark.parametrize("m_step,num_minibatches", [("seed", 1), ("push", 1), ("clip", 1), ("clip", 8)])
+def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_step, num_minibatches):
     """E-step and M-step together: with advantages -(u - u*(s))^2 of a known per-state optimum,
     a few on-policy updates with the default hyperparameters bring the Gaussian mean to u*(s)."""
     torch.manual_seed(0)
-    args = V.Args(m_step=m_step)
+    args = V.Args(m_step=m_step, num_minibatches=num_minibatches)
     agent = V.Agent(obs_space(5), box([-1.0], [1.0]), args)
     duals = V.DualVariables(args.temperature_init, args.alpha_init)
     optimizers = V.build_optimizers(agent, duals, args)
@@ -311,6 +311,35 @@ def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_ste
         errors.append(float(((agent(obs)[0] - optimum) ** 2).mean()))
     assert errors[0] > 0.05 and errors[-1] < 0.2 * errors[0], errors
     assert all(b < a for a, b in zip(errors[:-1], errors[1:], strict=True)), errors
+
+
+def test_minibatch_m_steps_see_every_sample_once_per_pass_with_weights_scaled_to_the_batch(monkeypatch):
+    """--num-minibatches K: each M-step's forward pass sees N / K samples, every pass of K steps sees each sample
+    once in a fresh order, and the E-step weights a pass hands the likelihood loss sum to K (psi sums to 1 over N)."""
+    torch.manual_seed(0)
+    n_samples, k = 64, 4
+    args = V.Args(num_minibatches=k, m_steps=2 * k)
+    agent = V.Agent(obs_space(3), box([-1.0], [1.0]), args)
+    duals = V.DualVariables(args.temperature_init, args.alpha_init)
+    obs = torch.randn(n_samples, 3)
+    obs[:, 0] = torch.arange(n_samples, dtype=torch.float32)  # each row's id
+    with torch.no_grad():
+        mean, log_std, _ = agent(obs)
+    u = mean + log_std.exp() * torch.randn_like(mean)
+    advantages = torch.randn(n_samples)
+    batch = {"obs": obs, "actions": agent.squash(u), "means": mean, "log_stds": log_std, "returns": advantages}
+    batch.update(advantages=advantages, restarting=torch.ones(n_samples))
+    seen, weight_sums = [], []
+    forward, loss = agent.forward, V.m_step_policy_loss
+    monkeypatch.setattr(agent, "forward", lambda x: (seen.append(x[:, 0].long().tolist()), forward(x))[1])
+    monkeypatch.setattr(
+        V, "m_step_policy_loss", lambda m, w, *rest: (weight_sums.append(float(w.sum())), loss(m, w, *rest))[1]
+    )
+    V.vmpo_update(agent, duals, V.build_optimizers(agent, duals, args), batch, args)
+    assert len(seen) == 2 * k and all(len(ids) == n_samples // k for ids in seen)
+    first, second = sum(seen[:k], []), sum(seen[k:], [])
+    assert sorted(first) == sorted(second) == list(range(n_samples)) and first != second
+    assert sum(weight_sums[:k]) == pytest.approx(k, rel=1e-5) and sum(weight_sums[k:]) == pytest.approx(k, rel=1e-5)
 
 
 # ---------------------------------------------------------------------------------
@@ -599,6 +628,8 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
             r"unknown task 'jog' for dm_control domain 'walker'; valid tasks: run, stand, walk",
         ),
         (dict(env_id="NoSuchEnv-v9"), r"unknown env id 'NoSuchEnv-v9'"),
+        (dict(num_minibatches=3), r"--num-minibatches 3 must divide the rollout of"),
+        (dict(num_minibatches=0), r"--num-minibatches must be >= 1, got 0"),
         (dict(topk_fraction=0.0), r"--topk-fraction must be in \(0, 1\], got 0.0"),
         (dict(topk_fraction=1.5), r"--topk-fraction must be in \(0, 1\], got 1.5"),
         (dict(epsilon_eta=0.0), r"--epsilon-eta must be > 0"),
