@@ -5,7 +5,7 @@ Control", https://arxiv.org/abs/1909.12238) is an on-policy EM-style algorithm. 
 the E-step keeps the top fraction rho of the normalized advantages and weights them by psi ~ exp(A / eta), the
 temperature eta taking one step on its dual loss (KL bound epsilon_eta); the M-step fits the policy to the weighted
 samples under decoupled KL trust regions on the Gaussian's mean and covariance (bounds epsilon_mu, epsilon_sigma;
-multipliers alpha_mu, alpha_sigma), and the value function to the targets, in m_steps gradient steps.
+multipliers alpha_mu, alpha_sigma), and the value function to the targets, in m_steps minibatch gradient steps.
 
 Departures from the paper, each an option: `--m-step clip` (the default) bounds the pull toward the top-k samples and
 adds a bounded push off the bottom-k ones (`--m-step seed` is the paper's update); PPO's network; an annealed lr.
@@ -80,8 +80,8 @@ class Args:
     """lambda of GAE (only with --advantage-estimator gae)"""
     m_steps: int = 80
     """M-step gradient steps per iteration"""
-    num_minibatches: int = 1
-    """minibatches of the rollout: each M-step uses one, reshuffled every num_minibatches steps (1: full-batch steps)"""
+    num_minibatches: int = 8
+    """minibatches of the rollout: each M-step uses one, reshuffled every num_minibatches steps (1: full-batch M-steps)"""
     policy_lr: float = 1e-3
     """learning rate of the policy parameters"""
     value_lr: float = 5e-4

@@ -637,7 +637,7 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
         (dict(epsilon_sigma=0.0), r"--epsilon-sigma must be > 0"),
         (dict(total_timesteps=10), r"--total-timesteps \(10\) must be >= num_envs \* num_steps \(64\)"),
         (dict(m_step_clip=1.0), r"--m-step-clip must be in \(0, 1\), got 1.0"),
-        (dict(num_envs=1, num_steps=1, total_timesteps=1, topk_fraction=0.5), r"selects no sample"),
+        (dict(num_envs=1, num_steps=1, total_timesteps=1, topk_fraction=0.5, num_minibatches=1), r"selects no sample"),
         (dict(num_envs=0), r"--num-envs must be >= 1"),
         (dict(eval_only=True), r"--eval-only needs --checkpoint"),
         (dict(resume="/nonexistent.pt"), r"--resume '/nonexistent.pt': no such file"),
