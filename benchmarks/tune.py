@@ -119,6 +119,7 @@ def sample_vmpo_continuous(trial: SearchTrial, args: Any) -> list[str]:
         num_envs=trial.suggest_categorical("num_envs", [4, 8, 16]),
         num_steps=trial.suggest_categorical("num_steps", [32, 64, 128, 256, 512]),
         m_steps=trial.suggest_categorical("m_steps", [1, 4, 10, 20, 40, 80, 120]),
+        num_minibatches=trial.suggest_categorical("num_minibatches", [1, 2, 4, 8, 16]),  # all divide every rollout here
         topk_fraction=trial.suggest_float("topk_fraction", 0.2, 1.0),
         epsilon_eta=trial.suggest_float("epsilon_eta", 0.01, 1.0, log=True),
         epsilon_mu=trial.suggest_float("epsilon_mu", 1e-3, 0.5, log=True),
