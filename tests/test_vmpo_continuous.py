@@ -273,6 +273,32 @@ def test_alphas_grow_above_epsilon_and_shrink_below():
     assert after[1] < before[1] and after[2] < before[2]
 
 
+def test_fused_adam_update_matches_the_reference_adam():
+    """build_optimizers uses Adam's fused kernel for speed; a whole update must give the numbers of torch's plain
+    per-tensor Adam (the same maths, looped in Python)."""
+    args = tiny_args(m_steps=8, num_minibatches=4)
+    results = []
+    for fused in (True, False):
+        torch.manual_seed(3)
+        agent = V.Agent(obs_space(3), box([-1.0, -1.0], [1.0, 1.0]), args)
+        duals = V.DualVariables(args.temperature_init, args.alpha_init)
+        optimizers = V.build_optimizers(agent, duals, args)
+        for group in (g for opt in optimizers.values() for g in opt.param_groups):
+            assert group["fused"]
+            group["fused"], group["foreach"] = fused, False
+        obs = torch.randn(256, 3)
+        with torch.no_grad():
+            mean, log_std, _ = agent(obs)
+        batch = {"obs": obs, "actions": torch.rand(256, 2) * 1.8 - 0.9, "means": mean, "log_stds": log_std}
+        batch |= {"advantages": torch.randn(256), "returns": torch.randn(256), "restarting": torch.ones(256)}
+        params = [*agent.parameters(), *duals.parameters()]
+        before = torch.cat([p.detach().flatten() for p in params])
+        V.vmpo_update(agent, duals, optimizers, batch, args)
+        results.append(torch.cat([p.detach().flatten() for p in params]))
+        assert (results[-1] - before).abs().max() > 1e-3  # the update did move the parameters
+    torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("temperature_init", [0.05, 20.0])
 def test_temperature_follows_its_dual_gradient(temperature_init):
     before, after, grad = synthetic_update(0.0, 0.0, temperature_init)
