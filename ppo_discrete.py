@@ -20,6 +20,7 @@ The math: ``docs/ppo_discrete.md`` (the whole file) and ``docs/ppo_discrete_anno
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -443,6 +444,10 @@ def train(args: Args) -> dict:
     batch_size = args.num_envs * args.num_steps
     # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
     num_iterations = args.total_timesteps // batch_size
+    # The rollout acts on the CPU: a forward pass on num_envs observations per env step is too small to pay for a
+    # GPU's kernel launches and copies. Training on a GPU, it acts with a CPU copy, synced after every update.
+    cpu = torch.device("cpu")
+    acting_agent = agent if run.device == cpu else copy.deepcopy(agent).to(cpu)
     rollout = Rollout.empty(args.num_steps, args.num_envs, run.envs.single_observation_space.shape)
     raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
     if run.obs_rms is not None:
@@ -466,7 +471,7 @@ def train(args: Args) -> dict:
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
 
             # ---- collect a rollout with the current policy
-            raw_obs, episodes = collect_rollout(agent, run.envs, raw_obs, run.obs_rms, run.device, rollout)
+            raw_obs, episodes = collect_rollout(acting_agent, run.envs, raw_obs, run.obs_rms, cpu, rollout)
             for offset, episode_return, episode_length in episodes:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
@@ -485,6 +490,8 @@ def train(args: Args) -> dict:
             except TrainingDiverged as e:
                 kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
                 raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
+            if acting_agent is not agent:
+                acting_agent.load_state_dict(agent.state_dict())
             run.iteration, run.global_step = iteration, run.global_step + batch_size
             save_checkpoint(run, "last")
             train_time, trained_steps = train_time + time.time() - tick, trained_steps + batch_size

@@ -21,6 +21,7 @@ Math: docs/vmpo_continuous.md (the file with its formulas inline) and docs/vmpo_
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import dataclasses
 import math
@@ -268,10 +269,10 @@ class Rollout:
         obs_shape, act_dim = envs.single_observation_space.shape, envs.single_action_space.shape[0]
         return cls(zeros(*obs_shape), zeros(act_dim), zeros(act_dim), zeros(act_dim), *(zeros() for _ in range(5)))
 
-    def batch(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The flat batch `vmpo_update` reads: every field, the advantages and the returns, one row per sample."""
+    def batch(self, advantages: torch.Tensor, returns: torch.Tensor, device: torch.device) -> dict[str, torch.Tensor]:
+        """The flat batch `vmpo_update` reads, on the training device: every field, the advantages and the returns."""
         fields = {**vars(self), "advantages": advantages, "returns": returns}
-        return {k: v.reshape(-1, *v.shape[2:]) for k, v in fields.items()}
+        return {k: v.reshape(-1, *v.shape[2:]).to(device) for k, v in fields.items()}
 
 
 @torch.inference_mode()
@@ -604,10 +605,14 @@ def train(args: Args) -> dict:
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     default_threads = torch.get_num_threads()
-    rollout = Rollout.empty(args.num_steps, run.envs, run.device)
+    # The rollout acts on the CPU: a forward pass on num_envs observations per env step is too small to pay for a
+    # GPU's kernel launches and copies. Training on a GPU, it acts with a CPU copy, synced after every update.
+    cpu = torch.device("cpu")
+    acting_agent = agent if run.device == cpu else copy.deepcopy(agent).to(cpu)
+    rollout = Rollout.empty(args.num_steps, run.envs, cpu)
     raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
     run.obs_rms.update(raw_obs)
-    next_obs = torch.as_tensor(run.obs_rms.normalize(raw_obs), device=run.device)
+    next_obs = torch.as_tensor(run.obs_rms.normalize(raw_obs))
     final_step = num_iterations * batch_size
     if run.iteration > 0:
         print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; ", end="")
@@ -630,7 +635,7 @@ def train(args: Args) -> dict:
 
             # ---- collect a rollout with the current policy
             torch.set_num_threads(1)  # batches of num_envs observations only lose to threading overhead
-            next_obs, episodes = collect_rollout(agent, run.envs, run.obs_rms, next_obs, rollout)
+            next_obs, episodes = collect_rollout(acting_agent, run.envs, run.obs_rms, next_obs, rollout)
             for offset, episode_return, episode_length in episodes:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
@@ -638,11 +643,11 @@ def train(args: Args) -> dict:
 
             # ---- advantages and value targets
             with torch.inference_mode():  # row t+1 holds s_{t+1}; the observation after the rollout bootstraps the last row
-                next_values = torch.cat([rollout.values[1:], agent(next_obs)[2].unsqueeze(0)], 0)
+                next_values = torch.cat([rollout.values[1:], acting_agent(next_obs)[2].unsqueeze(0)], 0)
             gae_lambda = ESTIMATOR_LAMBDA.get(args.advantage_estimator, args.gae_lambda)
             target_inputs = (rollout.rewards, rollout.values, next_values, rollout.terminated, rollout.truncated)
             advantages, returns = compute_targets(*target_inputs, args.gamma, gae_lambda)
-            batch = rollout.batch(advantages, returns)
+            batch = rollout.batch(advantages, returns, run.device)
 
             # ---- update
             torch.set_num_threads(args.torch_threads or default_threads)  # full-batch matrix products do use the cores
@@ -651,6 +656,8 @@ def train(args: Args) -> dict:
             except TrainingDiverged as e:
                 kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
                 raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
+            if acting_agent is not agent:
+                acting_agent.load_state_dict(agent.state_dict())
             run.iteration, run.global_step = iteration, run.global_step + batch_size
             save_checkpoint(run, "last")
             train_time, trained_steps = train_time + time.time() - tick, trained_steps + batch_size

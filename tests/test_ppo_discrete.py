@@ -3,6 +3,7 @@ discrete probe, the real command line on CartPole-v1, checkpoints, determinism, 
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -472,3 +473,31 @@ def test_update_step_count_and_target_kl_early_stop(target_kl, expected_steps):
     assert float(next(iter(optimizer.state.values()))["step"]) == expected_steps
     assert stats["early_stop"] == float(target_kl is not None)
     assert {"policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"} <= set(stats)
+
+
+def test_the_acting_copy_synced_after_an_update_collects_the_trained_agents_rollout():
+    """Training on a GPU, train() acts with a CPU copy of the agent and syncs it by load_state_dict after every
+    update. Synced, the copy must collect exactly the rollout of the updated agent; stale, it must not."""
+    torch.manual_seed(0)
+    agent = pd.Agent(1, 2, (16,))
+    acting_agent = copy.deepcopy(agent)
+    envs = probe3_vector_env(2)
+
+    def rollout_of(policy: pd.Agent) -> pd.Rollout:
+        torch.manual_seed(1)
+        raw_obs, _ = envs.reset(seed=2)
+        buf = pd.Rollout.empty(8, 2, (1,))
+        pd.collect_rollout(policy, envs, raw_obs, None, torch.device("cpu"), buf)
+        return buf
+
+    args = pd.Args(update_epochs=3, num_minibatches=2, learning_rate=1e-2)
+    batch = {k: torch.as_tensor(v).flatten(0, 1) for k, v in vars(rollout_of(agent)).items()}
+    batch |= {"advantages": torch.randn(16), "returns": torch.randn(16)}
+    pd.ppo_update(agent, pd.make_optimizer(agent, args), batch, args)
+    trained, stale = rollout_of(agent), rollout_of(acting_agent)
+    assert not np.array_equal(trained.log_probs, stale.log_probs)
+    acting_agent.load_state_dict(agent.state_dict())
+    synced = rollout_of(acting_agent)
+    envs.close()
+    for field in ("obs", "actions", "log_probs", "values", "next_values", "rewards"):
+        np.testing.assert_array_equal(getattr(synced, field), getattr(trained, field), err_msg=field)

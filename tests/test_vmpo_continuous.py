@@ -1,5 +1,6 @@
 """Tests of vmpo_continuous.py: math against independent computations, probes, the real CLI."""
 
+import copy
 import math
 import os
 
@@ -297,6 +298,38 @@ def test_fused_adam_update_matches_the_reference_adam():
         results.append(torch.cat([p.detach().flatten() for p in params]))
         assert (results[-1] - before).abs().max() > 1e-3  # the update did move the parameters
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-6)
+
+
+def test_the_acting_copy_synced_after_an_update_collects_the_trained_agents_rollout():
+    """Training on a GPU, train() acts with a CPU copy of the agent and syncs it by load_state_dict after every
+    update. Synced, the copy must collect exactly the rollout of the updated agent; stale, it must not."""
+    args = tiny_args(num_minibatches=1)
+    envs = V.make_vector_env(args, args.num_envs, args.seed)
+    torch.manual_seed(0)
+    agent = V.Agent(envs.single_observation_space, envs.single_action_space, args)
+    acting_agent = copy.deepcopy(agent)
+    duals = V.DualVariables(args.temperature_init, args.alpha_init)
+
+    def rollout_of(policy: V.Agent) -> V.Rollout:
+        torch.manual_seed(1)
+        obs_rms = V.RunningMeanStd(envs.single_observation_space.shape)
+        raw_obs, _ = envs.reset(seed=2)
+        obs_rms.update(raw_obs)
+        buf = V.Rollout.empty(args.num_steps, envs, torch.device("cpu"))
+        V.collect_rollout(policy, envs, obs_rms, torch.as_tensor(obs_rms.normalize(raw_obs)), buf)
+        return buf
+
+    buf = rollout_of(agent)
+    advantages = torch.randn_like(buf.rewards)
+    batch = buf.batch(advantages, buf.values, torch.device("cpu"))
+    V.vmpo_update(agent, duals, V.build_optimizers(agent, duals, args), batch, args)
+    trained, stale = rollout_of(agent), rollout_of(acting_agent)
+    assert not torch.equal(trained.actions, stale.actions)
+    acting_agent.load_state_dict(agent.state_dict())
+    synced = rollout_of(acting_agent)
+    envs.close()
+    for field in ("obs", "actions", "means", "log_stds", "values", "rewards", "restarting"):
+        assert torch.equal(getattr(synced, field), getattr(trained, field)), field
 
 
 @pytest.mark.parametrize("temperature_init", [0.05, 20.0])
