@@ -106,7 +106,8 @@ class Args:
     epsilon_eta: float = 0.15
     """KL bound of the E-step weights (temperature dual)"""
     epsilon_mu: float = 0.05
-    """KL bound on the change of the Gaussian mean per iteration"""
+    """KL bound on the change of the Gaussian mean per iteration (0.05 rarely binds with the clipped M-step; a bound that
+    binds, such as 0.005, holds the mean and lets the update shrink sigma instead: see benchmarks/README.md)"""
     epsilon_sigma: float = 0.001
     """KL bound on the change of the Gaussian covariance per iteration"""
     alpha_init: float = 1.0

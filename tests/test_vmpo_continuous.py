@@ -516,7 +516,6 @@ def test_probe_is_learned(probe, m_step, tmp_path):
         temperature_init=1.0,
         temperature_lr=1e-2,
         alpha_lr=1e-2,
-        epsilon_mu=0.1,
         epsilon_sigma=0.01,
         max_grad_norm=1.0,
         eval_interval=0,
