@@ -86,7 +86,9 @@ def plot_env(env: str, groups: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    # The legend goes below the plots, two columns, and the figure grows with it: walker has dozens of configs.
+    legend_rows = (len(groups) + 1) // 2
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4 + 0.22 * legend_rows), constrained_layout=True)
     budgets_per_config = defaultdict(set)
     for _, algo, tag, budget in groups:
         budgets_per_config[(algo, tag)].add(budget)
@@ -106,7 +108,7 @@ def plot_env(env: str, groups: dict, path: Path) -> None:
     for ax in axes:
         ax.set_ylabel("eval return (mean, min–max over seeds)")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="small")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize="small")
     fig.suptitle(env)
     fig.savefig(path, dpi=100)
     plt.close(fig)
