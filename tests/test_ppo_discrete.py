@@ -476,8 +476,10 @@ def test_update_step_count_and_target_kl_early_stop(target_kl, expected_steps):
 
 
 def test_the_acting_copy_synced_after_an_update_collects_the_trained_agents_rollout():
-    """Training on a GPU, train() acts with a CPU copy of the agent and syncs it by load_state_dict after every
-    update. Synced, the copy must collect exactly the rollout of the updated agent; stale, it must not."""
+    """Training on a GPU, train() acts with a deep copy of the agent and syncs it by load_state_dict after every
+    update. Synced, the copy must collect exactly the rollout of the updated agent (it would not if some of the
+    agent's state lived outside its state_dict); stale, it must not. Without a GPU here, train()'s own GPU branch
+    is not run by the suite."""
     torch.manual_seed(0)
     agent = pd.Agent(1, 2, (16,))
     acting_agent = copy.deepcopy(agent)
