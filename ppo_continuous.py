@@ -14,8 +14,10 @@ they enter the env; a truncated episode (every dm_control episode) bootstraps fr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
+import importlib.util
 import math
 import os
 import random
@@ -25,6 +27,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: threads only slow RolloutPolicy's tiny products
 import gymnasium as gym
@@ -41,6 +44,10 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Args:
+    """Console: on a terminal, one progress line updated in place (step/total, %, SPS, ETA, the mean return of the last 20
+    training episodes, '-' until one ends, and the last evaluation's return); in a file or a pipe, that line every 5% of
+    the run. The same seed gives the same run for the same update thread count (see --torch-threads)."""
+
     exp_name: str = "ppo_continuous"
     """the name of this experiment (part of the run name)"""
     seed: int = 1
@@ -62,7 +69,12 @@ class Args:
     total_timesteps: int = 1_000_000
     """total environment steps of training (summed over the parallel envs)"""
     num_envs: int = 8
-    """number of parallel training environments (one process, stepped in turn)"""
+    """number of parallel training environments"""
+    env_backend: Literal["auto", "envpool", "gymnasium", "gymnasium-async"] = "auto"
+    """training envs: auto (EnvPool if it is installed and has the task, else gymnasium), envpool, gymnasium
+    (SyncVectorEnv, one process) or gymnasium-async (AsyncVectorEnv, a process per env); evaluation is always gymnasium"""
+    env_threads: int = 0
+    """EnvPool's worker threads (0: as many as --torch-threads resolves to, at most num_envs)"""
     num_steps: int = 256
     """steps per environment per rollout; the batch is num_envs * num_steps"""
     gamma: float = 0.99
@@ -93,6 +105,10 @@ class Args:
     """value loss coefficient"""
     max_grad_norm: float = 0.5
     """maximum global norm of the gradient"""
+    max_episode_steps: int | None = None
+    """override the env's time limit (e.g. short episodes for quick tests); None keeps the env's own"""
+    torch_threads: int = 0
+    """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); the rollout acts in numpy"""
     target_kl: float | None = None
     """stop the update's epochs early once an epoch's mean approximate KL exceeds this"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
@@ -178,20 +194,23 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Rollout:
-    """One rollout as (num_steps, num_envs, ...) float32 arrays (the env speaks numpy)."""
+    """One rollout as (num_steps, num_envs, ...) float32 arrays (the env speaks numpy). The envs reset on the step after
+    an episode ends (NEXT_STEP autoreset, as EnvPool does): that reset step holds the real final observation, so row t+1
+    is always s_{t+1}, and its action is ignored. It is marked in `resets` and never trained on."""
 
     obs: np.ndarray
     actions: np.ndarray  # as sampled, before clipping to the action space
     logprobs: np.ndarray
     rewards: np.ndarray  # scaled with --reward-scaling
     values: np.ndarray
-    next_values: np.ndarray  # V of the real successor of step t: the final observation where an episode ended
+    next_values: np.ndarray  # V(s_{t+1}): the next row's value, the real final observation's where an episode ended
     terminated: np.ndarray
     truncated: np.ndarray
+    resets: np.ndarray  # 1 on reset steps, else 0
 
     @classmethod
     def empty(cls, num_steps: int, envs: gym.vector.VectorEnv) -> Rollout:
-        shapes = [envs.single_observation_space.shape, envs.single_action_space.shape] + [()] * 6
+        shapes = [envs.single_observation_space.shape, envs.single_action_space.shape] + [()] * 7
         return cls(*(np.zeros((num_steps, envs.num_envs, *shape), np.float32) for shape in shapes))
 
 
@@ -229,24 +248,22 @@ class RolloutPolicy:
 def collect_rollout(policy: RolloutPolicy, envs, obs: np.ndarray, obs_rms, scale_reward, rollout: Rollout) -> tuple:
     """Fill `rollout`, updating `obs_rms`; return the next observation and the ended episodes' returns, lengths."""
     (low, high), returns, lengths = (envs.single_action_space.low, envs.single_action_space.high), [], []
+    # Row 0 follows the previous rollout's last row (all zeros before the first rollout).
+    prev_done = rollout.terminated[-1] + rollout.truncated[-1] > 0
     for t in range(len(rollout.obs)):
-        rollout.obs[t] = obs
+        rollout.obs[t], rollout.resets[t] = obs, prev_done  # after an episode end: a reset step
         rollout.actions[t], rollout.logprobs[t], rollout.values[t] = policy.act(obs)
         raw_obs, reward, terminated, truncated, infos = envs.step(np.clip(rollout.actions[t], low, high))
         if obs_rms is not None:
             obs_rms.update(raw_obs)
         obs, done = normalize(raw_obs, obs_rms), terminated | truncated
         rollout.rewards[t], rollout.terminated[t], rollout.truncated[t] = scale_reward(reward, done), terminated, truncated
-        if done.any():
-            # SAME_STEP autoreset: `obs` is the next episode's; V of the real final obs bootstraps a truncation.
-            final_obs = np.zeros_like(obs)
-            final_obs[done] = normalize(np.stack(infos["final_obs"][done]), obs_rms)
-            rollout.next_values[t] = np.where(done, policy.value(final_obs), 0.0)
-            episode, counted = infos["final_info"]["episode"], infos["final_info"].get("_episode", np.zeros_like(done))
-            returns, lengths = returns + episode["r"][counted].tolist(), lengths + episode["l"][counted].tolist()
-    # V(s_{t+1}) is the next stored value unless the episode ended at t (then V of its final obs, stored above).
-    following = np.concatenate([rollout.values[1:], policy.value(obs)[None]])
-    rollout.next_values[:] = np.where(rollout.terminated + rollout.truncated > 0, rollout.next_values, following)
+        prev_done = done
+        if "_episode" in infos:  # the statistics of the episodes that ended at this step
+            ended, episode = infos["_episode"], infos["episode"]
+            returns, lengths = returns + episode["r"][ended].tolist(), lengths + episode["l"][ended].tolist()
+    # Row t+1 holds s_{t+1}, the real final observation where an episode ended at t: its value bootstraps a truncation.
+    rollout.next_values[:] = np.concatenate([rollout.values[1:], policy.value(obs)[None]])
     return obs, returns, lengths
 
 
@@ -317,13 +334,15 @@ def make_optimizer(agent: Agent, args: Args) -> torch.optim.Optimizer:
 
 def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], args: Args) -> dict:
     """Epochs of minibatch steps on the clipped surrogate; returns the diagnostics' means over minibatches."""
-    size = batch["advantages"].numel()
+    size = batch["advantages"].numel()  # reset steps are not in the batch, so it can be a little short of N * T
+    minibatch_size = size // args.num_minibatches
     columns = [batch[k].reshape(size, -1) for k in ("obs", "actions", "logprobs", "advantages", "returns", "values")]
     packed, widths = torch.cat(columns, 1), [c.shape[1] for c in columns]  # one gather per epoch shuffles all
     losses, logratios = [], []  # detached, per minibatch: the diagnostics are computed once at the end
     for epoch in range(1, args.update_epochs + 1):  # noqa: B007  (`epoch` is reported)
-        shuffled = packed[torch.randperm(size, device=packed.device)]
-        for minibatch in shuffled.split(size // args.num_minibatches):
+        # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
+        shuffled = packed[torch.randperm(size).to(packed.device)]
+        for minibatch in shuffled[: minibatch_size * args.num_minibatches].split(minibatch_size):
             obs, actions, old_logprob, advantages, returns, old_values = minibatch.split(widths, dim=1)
             new_logprob = gaussian_log_prob(agent.actor_mean(obs), agent.actor_logstd, actions).unsqueeze(1)
             # LaTeX: \log \rho_t = \log \pi_\theta(a_t \mid s_t) - \log \pi_{\theta_\mathrm{old}}(a_t \mid s_t)
@@ -336,8 +355,6 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
             entropy = gaussian_entropy(agent.actor_logstd)
             # LaTeX: L = L^{\mathrm{CLIP}} - c_H \mathcal{H}[\pi_\theta] + c_V L^{V}
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-            if not torch.isfinite(loss):
-                raise TrainingDiverged(f"non-finite loss (policy {pg_loss.item()}, value {v_loss.item()})")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -346,9 +363,14 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
             logratios.append(logratio.detach())
         if args.target_kl is not None and approx_kl(torch.cat(logratios[-args.num_minibatches :]))[1] > args.target_kl:
             break  # this epoch's mean KL estimate is past the target
+    # Checked once after the update, not per minibatch: a check reads the value back, which on a GPU waits for the queue.
+    stacked = torch.stack(losses)
+    if not torch.isfinite(stacked).all():
+        policy, value = stacked[~torch.isfinite(stacked).all(1)][0, :2].tolist()
+        raise TrainingDiverged(f"non-finite loss (policy {policy}, value {value})")
     if not all(torch.isfinite(p).all() for p in agent.parameters()):
         raise TrainingDiverged("non-finite weights")  # a finite loss with an inf gradient; the last good checkpoint stays
-    stats = dict(zip(("policy_loss", "value_loss", "entropy"), torch.stack(losses).mean(0).tolist(), strict=True))
+    stats = dict(zip(("policy_loss", "value_loss", "entropy"), stacked.mean(0).tolist(), strict=True))
     old_kl, kl = approx_kl(torch.cat(logratios))
     clipfrac = (torch.cat(logratios).exp().sub(1.0).abs() > args.clip_coef).float().mean()
     return {**stats, "old_approx_kl": old_kl.item(), "approx_kl": kl.item(), "clipfrac": clipfrac.item(), "epochs": epoch}
@@ -365,12 +387,13 @@ class Run:
     device: torch.device
     run_dir: str
     writer: SummaryWriter
-    envs: gym.vector.VectorEnv
+    envs: gym.vector.VectorEnv | None  # None with --eval-only
     eval_envs: gym.vector.VectorEnv
     agent: Agent
     optimizer: torch.optim.Optimizer
     reward_scaler: RewardScaler
     obs_rms: RunningMeanStd | None
+    threads: int = 1  # CPU threads of the update
     global_step: int = 0
     iteration: int = 0
     last_eval: float | None = None
@@ -380,13 +403,25 @@ class Run:
         return os.path.join(self.run_dir, f"{SCRIPT}_{kind}.pt")
 
     def close(self) -> None:
-        self.envs.close()
+        if self.envs is not None:
+            self.envs.close()
         self.eval_envs.close()
         self.writer.close()
         if self.args.track:
             import wandb
 
             wandb.finish()
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Torch on one CPU thread inside the block: results that do not depend on the machine's core count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def set_up(args: Args) -> Run:
@@ -402,6 +437,10 @@ def set_up(args: Args) -> Run:
         raise ConfigError(f"{nothing} {source['global_step']}; pass a larger total to continue")
     check_args(args, gl_backend)
     check_output_dir(args.output_dir)
+    if not args.eval_only:  # the checkpoint records the resolved backend, so --resume keeps it
+        backend, note = choose_env_backend(args)
+        print(note)
+        args = dataclasses.replace(args, env_backend=backend)
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
@@ -410,7 +449,6 @@ def set_up(args: Args) -> Run:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(1)  # tiny MLPs: one thread is fastest and leaves the other cores to the envs
     if args.cuda and not torch.cuda.is_available():
         print("CUDA is not available; running on CPU")
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
@@ -424,13 +462,15 @@ def set_up(args: Args) -> Run:
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-    envs = make_vector_env(args, args.num_envs, args.seed)
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, video_dir)
-    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    agent = Agent(obs_dim, act_dim, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std).to(device)
+    threads = args.torch_threads or torch.get_num_threads()  # the update's; EnvPool's too unless --env-threads
+    envs = None if args.eval_only else make_training_envs(args, args.seed, threads)
+    obs_dim, act_dim = eval_envs.single_observation_space.shape[0], eval_envs.single_action_space.shape[0]
+    with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
+        agent = Agent(obs_dim, act_dim, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std).to(device)
     obs_rms = RunningMeanStd((obs_dim,)) if args.norm_obs else None
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
-    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), scaler, obs_rms)
+    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), scaler, obs_rms, threads)
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
         run.agent.load_state_dict(source["agent"])
         if source["obs_rms"] is not None:
@@ -440,7 +480,7 @@ def set_up(args: Args) -> Run:
             run.optimizer.load_state_dict(source["optimizer"])
             run.reward_scaler.rms.load_state_dict(source["reward_rms"])
             run.iteration = source["iteration"]
-            restore_rng(source["rng"])
+            restore_rng(source["rng"], device, source.get("device", "cpu"), source_path)
     return run
 
 
@@ -487,10 +527,12 @@ def train(args: Args) -> dict:
             data = {k: torch.as_tensor(v, device=run.device) for k, v in vars(rollout).items()}
             gae_inputs = [data[k] for k in ("rewards", "values", "next_values", "terminated", "truncated")]
             advantages, returns = compute_gae(*gae_inputs, args.gamma, args.gae_lambda)
-            batch = {k: data[k].flatten(0, 1) for k in ("obs", "actions", "logprobs", "values")}
-            batch.update(advantages=advantages.flatten(), returns=returns.flatten())
+            trained = data["resets"].flatten() == 0  # a reset step's action was ignored by the env: not a transition
+            batch = {k: data[k].flatten(0, 1)[trained] for k in ("obs", "actions", "logprobs", "values")}
+            batch.update(advantages=advantages.flatten()[trained], returns=returns.flatten()[trained])
 
             # ---- update
+            torch.set_num_threads(run.threads)
             try:
                 stats = ppo_update(agent, optimizer, batch, args)
             except TrainingDiverged as e:
@@ -529,14 +571,18 @@ def train(args: Args) -> dict:
 
 
 def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> None:
-    """One line per iteration; rewritten in place on a terminal, one line each in a log file."""
+    """On a terminal, one line rewritten in place after every update; in a file or a pipe, a line every 5% of the run
+    and at the end. The return is the mean of the last 20 finished training episodes, '-' before the first one ends."""
     step, total, eval_return = run.global_step, run.args.total_timesteps, run.last_eval
+    tty, batch = sys.stdout.isatty(), run.args.num_envs * run.args.num_steps
+    if not (tty or final or step * 20 // total > (step - batch) * 20 // total):
+        return
     seconds = int((total - step) / sps) if sps > 0 else 0
     eta = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
     evaluation = "-" if eval_return is None else f"{eval_return:.1f}"
     line = f"step {step}/{total} ({100 * step / total:.1f}%) | SPS {sps:.0f} | ETA {eta}"
-    line += f" | return {recent_return:.1f} | eval {evaluation}"
-    tty = sys.stdout.isatty()
+    recent = "-" if math.isnan(recent_return) else f"{recent_return:.1f}"
+    line += f" | return {recent} | eval {evaluation}"
     print(f"\r{line}\033[K" if tty else line, end="\n" if final or not tty else "", flush=True)
 
 
@@ -640,18 +686,120 @@ class RecordEpisodeVideo(gym.Wrapper):
         return out
 
 
-def make_vector_env(args: Args, num_envs: int, seed: int, video_dir: str | None = None) -> gym.vector.VectorEnv:
-    """Flat float observations, episode statistics, env 0 filmed into `video_dir`; SAME_STEP autoreset."""
+def make_vector_env(
+    args: Args, num_envs: int, seed: int, video_dir: str | None = None, asynchronous: bool = False
+) -> gym.vector.VectorEnv:
+    """The official envs: flat float observations, NEXT_STEP autoreset, episode statistics, env 0 filmed into `video_dir`.
+    asynchronous: a process per env (gymnasium's AsyncVectorEnv)."""
 
     def make_env(video_dir: str | None) -> gym.Env:
-        env = gym.make(resolve_env_id(args.env_id), **({"render_mode": "rgb_array"} if video_dir else {}))
+        limit = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
+        env = gym.make(resolve_env_id(args.env_id), **limit, **({"render_mode": "rgb_array"} if video_dir else {}))
         if not (isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) == 1):
             env = gym.wrappers.FlattenObservation(env)  # dm_control's Dict observations
-        env = gym.wrappers.RecordEpisodeStatistics(env)
         return RecordEpisodeVideo(env, video_dir) if video_dir else env
 
     thunks = [lambda v=(video_dir if i == 0 else None): make_env(v) for i in range(num_envs)]
-    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    vector_env = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP))
+    envs.action_space.seed(seed)
+    return envs
+
+
+def envpool_task_id(gym_id: str) -> str | None:
+    """EnvPool's id for a gymnasium id (dm_control/walker-walk-v0 -> WalkerWalk-v1; MuJoCo's Hopper-v5 keeps its name), or
+    None where EnvPool is not installed or has no port of the task."""
+    try:
+        with warnings.catch_warnings():  # its glfw import warns on a machine without a display; nothing here renders
+            warnings.simplefilter("ignore")
+            import envpool
+    except ImportError:
+        return None
+    if gym_id.startswith("dm_control/"):
+        camel = lambda name: "".join(part[:1].upper() + part[1:] for part in name.split("_"))  # noqa: E731
+        domain, task = gym_id[len("dm_control/") : -len("-v0")].split("-")
+        task_id = f"{camel(domain)}{camel(task)}-v1"
+    elif "mujoco" in str(gym.spec(gym_id).entry_point):
+        task_id = gym_id
+    else:
+        return None
+    return task_id if task_id in envpool.list_all_envs() else None
+
+
+def choose_env_backend(args: Args) -> tuple[str, str]:
+    """The training envs' backend for --env-backend and one line that says which; a ConfigError where it cannot serve."""
+    gym_id = resolve_env_id(args.env_id)
+    if args.env_backend.startswith("gymnasium"):
+        kind = "AsyncVectorEnv" if args.env_backend == "gymnasium-async" else "SyncVectorEnv"
+        return args.env_backend, f"training envs: gymnasium {kind} of {gym_id} (--env-backend {args.env_backend})"
+    task_id = envpool_task_id(gym_id)
+    if task_id is not None:
+        return "envpool", f"training envs: EnvPool's {task_id}; evaluation on gymnasium's {gym_id}"
+    installed = importlib.util.find_spec("envpool") is not None
+    if args.env_backend == "envpool":
+        todo = "has no port of it" if installed else "is not installed (pip install envpool==1.2.0)"
+        raise ConfigError(f"--env-backend envpool: EnvPool {todo} for {args.env_id}; use --env-backend gymnasium or auto")
+    why = "EnvPool has no port of it" if installed else "EnvPool is not installed; pip install envpool==1.2.0 for faster envs"
+    return "gymnasium", f"training envs: gymnasium SyncVectorEnv of {gym_id} ({why})"
+
+
+class EnvPoolVectorEnv(gym.vector.VectorEnv):
+    """EnvPool's C++ envs with the official env's spaces: Dict observations flattened in the official env's key order,
+    with only its keys (EnvPool keeps dm_control's order and adds keys to some tasks). Like NEXT_STEP autoreset, the
+    step after an episode end is a reset step; its reward is set to 0 (EnvPool repeats the last one)."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
+
+    def __init__(self, task_id: str, official: gym.Env, num_envs: int, num_threads: int, max_episode_steps: int | None):
+        self.task_id, self.num_envs, self.num_threads = task_id, num_envs, num_threads
+        self.limit = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+        space = official.observation_space
+        self.keys = list(space.keys()) if isinstance(space, gym.spaces.Dict) else None
+        self.single_observation_space = gym.spaces.flatten_space(space) if self.keys else space
+        self.single_action_space = official.action_space
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.pool, self.prev_done = None, np.zeros(num_envs, dtype=bool)
+
+    def flatten(self, obs) -> np.ndarray:
+        if self.keys is None:
+            return obs
+        return np.concatenate([obs[key].reshape(self.num_envs, -1) for key in self.keys], axis=1)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if self.pool is None or seed is not None:  # EnvPool 1.2.0 takes its seed when it is made: a new seed, a new pool
+            import envpool
+
+            self.close_extras()
+            kwargs = dict(num_envs=self.num_envs, seed=seed or 0, num_threads=self.num_threads, **self.limit)
+            self.pool = envpool.make(self.task_id, env_type="gymnasium", **kwargs)
+        obs, _ = self.pool.reset()
+        self.prev_done[:] = False
+        return self.flatten(obs), {}
+
+    def step(self, actions: np.ndarray):
+        obs, reward, terminated, truncated, _ = self.pool.step(np.asarray(actions, dtype=np.float64))
+        reward = np.where(self.prev_done, 0.0, reward)
+        self.prev_done = terminated | truncated
+        return self.flatten(obs), reward, terminated, truncated, {}
+
+    def close_extras(self, **kwargs) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+
+def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.VectorEnv:
+    """The training envs of --env-backend ("auto" is resolved here): NEXT_STEP resets and episode statistics on every
+    backend. EnvPool runs --env-threads threads, else `threads` (at most num_envs)."""
+    backend = choose_env_backend(args)[0] if args.env_backend == "auto" else args.env_backend
+    if backend.startswith("gymnasium"):
+        return make_vector_env(args, args.num_envs, seed, asynchronous=backend == "gymnasium-async")
+    with gym.make(resolve_env_id(args.env_id)) as official:
+        num_threads = args.env_threads or min(threads, args.num_envs)
+        task_id = envpool_task_id(resolve_env_id(args.env_id))
+        envs = EnvPoolVectorEnv(task_id, official, args.num_envs, num_threads, args.max_episode_steps)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     envs.action_space.seed(seed)
     return envs
 
@@ -742,23 +890,40 @@ def evaluate_checkpoint(run: Run) -> dict:
 # ---------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------
-def rng_state() -> dict:
+def rng_state(device: torch.device) -> dict:
     _, key, pos, has_gauss, gauss = np.random.get_state()  # numpy's cached Gaussian too: resume is bit-for-bit
     numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
-    return {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
+    if device.type == "cuda":  # the GPU's own generator (the scripts draw nothing from it; a user's change might)
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
-def restore_rng(state: dict) -> None:
+def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> None:
+    """The checkpoint's generators; one line where the resumed run cannot repeat an uninterrupted one bit for bit."""
     torch.set_rng_state(state["torch"])
     n, (version, internal, gauss_next) = state["numpy"], state["python"]
     np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     random.setstate((version, tuple(internal), gauss_next))
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    if saved_on != device.type:
+        print(
+            f"note: {path} was written on {saved_on} and resumes on {device.type}: the same state, but the two devices "
+            "round floating point differently, so the run will not repeat an uninterrupted one bit for bit"
+        )
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
     """`<script>_<kind>.pt` with the run's state at `run.global_step`; atomic: a temporary file renamed over it."""
     agent, path = run.agent, run.path(kind)
-    ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "rng": rng_state(), "eval_return": run.last_eval}
+    ckpt = {
+        "algo": SCRIPT,
+        "args": dataclasses.asdict(run.args),
+        "rng": rng_state(run.device),
+        "device": run.device.type,
+        "eval_return": run.last_eval,
+    }
     ckpt.update(agent=agent.state_dict(), optimizer=run.optimizer.state_dict(), global_step=run.global_step)
     ckpt["obs_rms"] = run.obs_rms.state_dict() if run.obs_rms is not None else None
     ckpt.update(iteration=run.iteration, reward_rms=run.reward_scaler.rms.state_dict())
@@ -783,7 +948,8 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 # Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
 RUN_FIELDS = "exp_name cuda track wandb_project_name wandb_entity capture_video output_dir total_timesteps".split()
-RUN_FIELDS += ["eval_interval", "eval_episodes", "checkpoint", "eval_only", "resume"]
+RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_threads", "env_threads"]
+RUN_FIELDS += ["checkpoint", "eval_only", "resume"]
 
 
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
@@ -818,6 +984,12 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     require(0.0 <= args.sgd_momentum < 1.0, f"--sgd-momentum must be in [0, 1), got {args.sgd_momentum}")
     require(args.target_kl is None or args.target_kl > 0, f"--target-kl must be > 0 (or left unset), got {args.target_kl}")
     require(args.eval_interval >= 0, f"--eval-interval must be >= 0 (0 = only the final one), got {args.eval_interval}")
+    for name in ("torch_threads", "env_threads"):
+        require(
+            getattr(args, name) >= 0, f"--{name.replace('_', '-')} must be >= 0 (0: the default), got {getattr(args, name)}"
+        )
+    steps = args.max_episode_steps
+    require(steps is None or steps >= 1, f"--max-episode-steps must be >= 1, got {steps}")
     check_env(args.env_id)
     if args.capture_video:
         check_video(args.env_id, resolve_env_id(args.env_id), gl_backend)

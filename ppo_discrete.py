@@ -20,6 +20,7 @@ The math: ``docs/ppo_discrete.md`` (the whole file) and ``docs/ppo_discrete_anno
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -44,6 +45,10 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Args:
+    """Console: on a terminal, one progress line updated in place (step/total, %, SPS, ETA, the mean return of the last 20
+    training episodes, '-' until one ends, and the last evaluation's return); in a file or a pipe, that line every 5% of
+    the run. The same seed gives the same run on any machine's CPU."""
+
     exp_name: str = "ppo_discrete"
     """name of this experiment (part of the run name)"""
     seed: int = 1
@@ -313,7 +318,8 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict, args
     minibatch_size = batch_size // args.num_minibatches
     stats: dict[str, list[torch.Tensor]] = {}
     for _ in range(args.update_epochs):
-        order = torch.randperm(batch_size, device=batch["obs"].device)
+        # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
+        order = torch.randperm(batch_size).to(batch["obs"].device)
         epoch_kl = []
         for start in range(0, batch_size, minibatch_size):
             idx = order[start : start + minibatch_size]
@@ -329,8 +335,6 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict, args
             entropy_loss = entropy.mean()
             # LaTeX: L = L^{CLIP} - c_H \mathcal{H}[\pi_\theta] + c_V L^{V}
             loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
-            if not torch.isfinite(loss):
-                raise TrainingDiverged(f"non-finite loss ({loss.item()})")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             # LaTeX: g \leftarrow g \cdot \min\left(1, \frac{c_{max}}{\lVert g \rVert_2}\right)
@@ -347,6 +351,10 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict, args
             stats["early_stop"] = [torch.ones(())]
             break
     stats.setdefault("early_stop", [torch.zeros(())])
+    # Checked once after the update, not per minibatch: a check reads the value back, which on a GPU waits for the queue.
+    losses = torch.stack(stats["loss"])
+    if not torch.isfinite(losses).all():
+        raise TrainingDiverged(f"non-finite loss ({losses[~torch.isfinite(losses)][0].item()})")
     return {key: float(torch.stack(v).float().mean()) for key, v in stats.items()}  # one sync per update
 
 
@@ -382,6 +390,17 @@ class Run:
             import wandb
 
             wandb.finish()
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Torch on one CPU thread inside the block: results that do not depend on the machine's core count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def set_up(args: Args) -> Run:
@@ -421,7 +440,8 @@ def set_up(args: Args) -> Run:
     envs = make_vector_env(args, args.num_envs, args.seed)
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, video_dir)
     obs_dim = int(np.prod(envs.single_observation_space.shape))
-    agent = Agent(obs_dim, int(envs.single_action_space.n), args.policy_hidden_sizes, args.value_hidden_sizes).to(device)
+    with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
+        agent = Agent(obs_dim, int(envs.single_action_space.n), args.policy_hidden_sizes, args.value_hidden_sizes).to(device)
     obs_rms = RunningMeanStd((obs_dim,)) if args.norm_obs else None
     run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), obs_rms)
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
@@ -432,7 +452,7 @@ def set_up(args: Args) -> Run:
         if args.resume:
             run.optimizer.load_state_dict(source["optimizer"])
             run.iteration = source["iteration"]
-            restore_rng(source["rng"])
+            restore_rng(source["rng"], device, source.get("device", "cpu"), source_path)
     return run
 
 
@@ -525,14 +545,18 @@ def train(args: Args) -> dict:
 
 
 def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> None:
-    """One line per iteration; rewritten in place on a terminal, one line each in a log file."""
+    """On a terminal, one line rewritten in place after every update; in a file or a pipe, a line every 5% of the run
+    and at the end. The return is the mean of the last 20 finished training episodes, '-' before the first one ends."""
     step, total, eval_return = run.global_step, run.args.total_timesteps, run.last_eval
+    tty, batch = sys.stdout.isatty(), run.args.num_envs * run.args.num_steps
+    if not (tty or final or step * 20 // total > (step - batch) * 20 // total):
+        return
     seconds = int((total - step) / sps) if sps > 0 else 0
     eta = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
     evaluation = "-" if eval_return is None else f"{eval_return:.1f}"
     line = f"step {step}/{total} ({100 * step / total:.1f}%) | SPS {sps:.0f} | ETA {eta}"
-    line += f" | return {recent_return:.1f} | eval {evaluation}"
-    tty = sys.stdout.isatty()
+    recent = "-" if math.isnan(recent_return) else f"{recent_return:.1f}"
+    line += f" | return {recent} | eval {evaluation}"
     print(f"\r{line}\033[K" if tty else line, end="\n" if final or not tty else "", flush=True)
 
 
@@ -692,23 +716,40 @@ def evaluate_checkpoint(run: Run) -> dict:
 # ---------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------
-def rng_state() -> dict:
+def rng_state(device: torch.device) -> dict:
     _, key, pos, has_gauss, gauss = np.random.get_state()  # numpy's cached Gaussian too: resume is bit-for-bit
     numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
-    return {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
+    if device.type == "cuda":  # the GPU's own generator (the scripts draw nothing from it; a user's change might)
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
-def restore_rng(state: dict) -> None:
+def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> None:
+    """The checkpoint's generators; one line where the resumed run cannot repeat an uninterrupted one bit for bit."""
     torch.set_rng_state(state["torch"])
     n, (version, internal, gauss_next) = state["numpy"], state["python"]
     np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     random.setstate((version, tuple(internal), gauss_next))
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    if saved_on != device.type:
+        print(
+            f"note: {path} was written on {saved_on} and resumes on {device.type}: the same state, but the two devices "
+            "round floating point differently, so the run will not repeat an uninterrupted one bit for bit"
+        )
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
     """``<script>_<kind>.pt`` with the run's state at ``run.global_step``; atomic: a temporary file renamed over it."""
     agent, path = run.agent, run.path(kind)
-    ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "rng": rng_state(), "eval_return": run.last_eval}
+    ckpt = {
+        "algo": SCRIPT,
+        "args": dataclasses.asdict(run.args),
+        "rng": rng_state(run.device),
+        "device": run.device.type,
+        "eval_return": run.last_eval,
+    }
     ckpt.update(agent=agent.state_dict(), optimizer=run.optimizer.state_dict(), global_step=run.global_step)
     ckpt.update(obs_dim=agent.actor[0].in_features, num_actions=agent.actor[-1].out_features, iteration=run.iteration)
     ckpt["obs_rms"] = run.obs_rms.state_dict() if run.obs_rms is not None else None

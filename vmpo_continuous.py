@@ -21,9 +21,11 @@ Math: docs/vmpo_continuous.md (the file with its formulas inline) and docs/vmpo_
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import dataclasses
+import importlib.util
 import math
 import os
 import random
@@ -49,6 +51,10 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Args:
+    """Console: on a terminal, one progress line updated in place (step/total, %, SPS, ETA, the mean return of the last 20
+    training episodes, '-' until one ends, and the last evaluation's return); in a file or a pipe, that line every 5% of
+    the run. The same seed gives the same run for the same update thread count (see --torch-threads)."""
+
     exp_name: str = "vmpo_continuous"
     """the name of this experiment (part of the run name)"""
     seed: int = 1
@@ -71,6 +77,11 @@ class Args:
     """total environment steps of training"""
     num_envs: int = 8
     """number of parallel training environments"""
+    env_backend: Literal["auto", "envpool", "gymnasium", "gymnasium-async"] = "auto"
+    """training envs: auto (EnvPool if it is installed and has the task, else gymnasium), envpool, gymnasium
+    (SyncVectorEnv, one process) or gymnasium-async (AsyncVectorEnv, a process per env); evaluation is always gymnasium"""
+    env_threads: int = 0
+    """EnvPool's worker threads (0: as many as --torch-threads resolves to, at most num_envs)"""
     num_steps: int = 256
     """steps per environment per rollout (rollout size = num_envs * num_steps)"""
     gamma: float = 0.99
@@ -132,8 +143,8 @@ class Args:
     """upper clamp of the pre-tanh log standard deviation"""
     init_log_std: float | None = -0.5
     """initial pre-tanh log-std: the parameter (None: 0) or the log-std head's bias (None: PyTorch's init)"""
-    torch_threads: int = 1
-    """CPU threads of the full-batch update (0 = torch's default); rollout inference always uses 1"""
+    torch_threads: int = 0
+    """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); rollout inference uses 1"""
     norm_obs: bool = True
     """normalize observations with running statistics shared by all training envs"""
     max_episode_steps: int | None = None
@@ -456,7 +467,8 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     n = len(obs) // args.num_minibatches
     for step in range(args.m_steps):
         if step % args.num_minibatches == 0:  # a fresh shuffle for each pass over the batch
-            order = torch.randperm(len(obs), device=obs.device) if args.num_minibatches > 1 else None
+            # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
+            order = torch.randperm(len(obs)).to(obs.device) if args.num_minibatches > 1 else None
         mb, scale = slice(None) if order is None else order[step % args.num_minibatches * n :][:n], args.num_minibatches
         mean, log_std, values = agent(obs[mb])
         gaussian_lp = gaussian_log_prob(mean, log_std, u[mb])
@@ -522,12 +534,13 @@ class Run:
     device: torch.device
     run_dir: str
     writer: SummaryWriter
-    envs: gym.vector.VectorEnv
+    envs: gym.vector.VectorEnv | None  # None with --eval-only
     eval_envs: gym.vector.VectorEnv
     agent: Agent
     optimizers: dict[str, torch.optim.Optimizer]
     duals: DualVariables
     obs_rms: RunningMeanStd
+    threads: int = 1  # CPU threads of the update
     global_step: int = 0
     iteration: int = 0
     last_eval: float | None = None
@@ -537,13 +550,25 @@ class Run:
         return os.path.join(self.run_dir, f"{SCRIPT}_{kind}.pt")
 
     def close(self) -> None:
-        self.envs.close()
+        if self.envs is not None:
+            self.envs.close()
         self.eval_envs.close()
         self.writer.close()
         if self.args.track:
             import wandb
 
             wandb.finish()
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Torch on one CPU thread inside the block: results that do not depend on the machine's core count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def set_up(args: Args) -> Run:
@@ -558,6 +583,10 @@ def set_up(args: Args) -> Run:
         nothing = f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's step"
         raise ConfigError(f"{nothing} {source['global_step']}; pass a larger total to continue")
     check_args(args, gl_backend)
+    if not args.eval_only:  # the checkpoint records the resolved backend, so --resume keeps it
+        backend, note = choose_env_backend(args)
+        print(note)
+        args = dataclasses.replace(args, env_backend=backend)
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
@@ -579,12 +608,15 @@ def set_up(args: Args) -> Run:
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-    envs = make_vector_env(args, args.num_envs, args.seed)
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, video_dir)
-    agent = Agent(envs.single_observation_space, envs.single_action_space, args).to(device)
+    threads = args.torch_threads or torch.get_num_threads()  # the update's; EnvPool's too unless --env-threads
+    envs = None if args.eval_only else make_training_envs(args, args.seed, threads)
+    with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
+        agent = Agent(eval_envs.single_observation_space, eval_envs.single_action_space, args).to(device)
     duals = DualVariables(args.temperature_init, args.alpha_init).to(device)
-    obs_rms = RunningMeanStd(envs.single_observation_space.shape, args.norm_obs)
+    obs_rms = RunningMeanStd(eval_envs.single_observation_space.shape, args.norm_obs)
     run = Run(args, device, run_dir, writer, envs, eval_envs, agent, build_optimizers(agent, duals, args), duals, obs_rms)
+    run.threads = threads
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
         run.agent.load_state_dict(source["agent"])
         run.obs_rms.load_state_dict(source["obs_rms"])
@@ -594,7 +626,7 @@ def set_up(args: Args) -> Run:
             for name, optimizer in run.optimizers.items():
                 optimizer.load_state_dict(source["optimizers"][name])
             run.iteration = source["iteration"]
-            restore_rng(source["rng"])
+            restore_rng(source["rng"], device, source.get("device", "cpu"), source_path)
     return run
 
 
@@ -651,7 +683,7 @@ def train(args: Args) -> dict:
             batch = rollout.batch(advantages, returns, run.device)
 
             # ---- update
-            torch.set_num_threads(args.torch_threads or default_threads)  # full-batch matrix products do use the cores
+            torch.set_num_threads(run.threads)  # the batch's matrix products do use the cores
             try:
                 stats = vmpo_update(agent, run.duals, optimizers, batch, args)
             except TrainingDiverged as e:
@@ -692,14 +724,18 @@ def train(args: Args) -> dict:
 
 
 def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> None:
-    """One line per iteration; rewritten in place on a terminal, one line each in a log file."""
+    """On a terminal, one line rewritten in place after every update; in a file or a pipe, a line every 5% of the run
+    and at the end. The return is the mean of the last 20 finished training episodes, '-' before the first one ends."""
     step, total, eval_return = run.global_step, run.args.total_timesteps, run.last_eval
+    tty, batch = sys.stdout.isatty(), run.args.num_envs * run.args.num_steps
+    if not (tty or final or step * 20 // total > (step - batch) * 20 // total):
+        return
     seconds = int((total - step) / sps) if sps > 0 else 0
     eta = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
     evaluation = "-" if eval_return is None else f"{eval_return:.1f}"
     line = f"step {step}/{total} ({100 * step / total:.1f}%) | SPS {sps:.0f} | ETA {eta}"
-    line += f" | return {recent_return:.1f} | eval {evaluation}"
-    tty = sys.stdout.isatty()
+    recent = "-" if math.isnan(recent_return) else f"{recent_return:.1f}"
+    line += f" | return {recent} | eval {evaluation}"
     print(f"\r{line}\033[K" if tty else line, end="\n" if final or not tty else "", flush=True)
 
 
@@ -816,8 +852,11 @@ class RecordEpisodeVideo(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
-def make_vector_env(args: Args, num_envs: int, seed: int, video_dir: str | None = None) -> gym.vector.VectorEnv:
-    """NEXT_STEP autoreset, flat observations, episode statistics; env 0 can record (--capture-video and a video_dir)."""
+def make_vector_env(
+    args: Args, num_envs: int, seed: int, video_dir: str | None = None, asynchronous: bool = False
+) -> gym.vector.VectorEnv:
+    """The official envs, NEXT_STEP autoreset, flat observations, episode statistics; env 0 can record (--capture-video
+    and a video_dir). asynchronous: a process per env (gymnasium's AsyncVectorEnv)."""
     gym_id = resolve_env_id(args.env_id)
     limit = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
 
@@ -828,7 +867,106 @@ def make_vector_env(args: Args, num_envs: int, seed: int, video_dir: str | None 
 
     record = args.capture_video and video_dir is not None
     thunks = [lambda i=i: make_env(record and i == 0) for i in range(num_envs)]
-    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    vector_env = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
+    envs = vector_env(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    envs.reset(seed=seed)
+    return envs
+
+
+def envpool_task_id(gym_id: str) -> str | None:
+    """EnvPool's id for a gymnasium id (dm_control/walker-walk-v0 -> WalkerWalk-v1; MuJoCo's Hopper-v5 keeps its name), or
+    None where EnvPool is not installed or has no port of the task."""
+    try:
+        with warnings.catch_warnings():  # its glfw import warns on a machine without a display; nothing here renders
+            warnings.simplefilter("ignore")
+            import envpool
+    except ImportError:
+        return None
+    if gym_id.startswith("dm_control/"):
+        camel = lambda name: "".join(part[:1].upper() + part[1:] for part in name.split("_"))  # noqa: E731
+        domain, task = gym_id[len("dm_control/") : -len("-v0")].split("-")
+        task_id = f"{camel(domain)}{camel(task)}-v1"
+    elif "mujoco" in str(gym.spec(gym_id).entry_point):
+        task_id = gym_id
+    else:
+        return None
+    return task_id if task_id in envpool.list_all_envs() else None
+
+
+def choose_env_backend(args: Args) -> tuple[str, str]:
+    """The training envs' backend for --env-backend and one line that says which; a ConfigError where it cannot serve."""
+    gym_id = resolve_env_id(args.env_id)
+    if args.env_backend.startswith("gymnasium"):
+        kind = "AsyncVectorEnv" if args.env_backend == "gymnasium-async" else "SyncVectorEnv"
+        return args.env_backend, f"training envs: gymnasium {kind} of {gym_id} (--env-backend {args.env_backend})"
+    task_id = envpool_task_id(gym_id)
+    if task_id is not None:
+        return "envpool", f"training envs: EnvPool's {task_id}; evaluation on gymnasium's {gym_id}"
+    installed = importlib.util.find_spec("envpool") is not None
+    if args.env_backend == "envpool":
+        todo = "has no port of it" if installed else "is not installed (pip install envpool==1.2.0)"
+        raise ConfigError(f"--env-backend envpool: EnvPool {todo} for {args.env_id}; use --env-backend gymnasium or auto")
+    why = "EnvPool has no port of it" if installed else "EnvPool is not installed; pip install envpool==1.2.0 for faster envs"
+    return "gymnasium", f"training envs: gymnasium SyncVectorEnv of {gym_id} ({why})"
+
+
+class EnvPoolVectorEnv(gym.vector.VectorEnv):
+    """EnvPool's C++ envs with the official env's spaces: Dict observations flattened in the official env's key order,
+    with only its keys (EnvPool keeps dm_control's order and adds keys to some tasks). Like NEXT_STEP autoreset, the
+    step after an episode end is a reset step; its reward is set to 0 (EnvPool repeats the last one)."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
+
+    def __init__(self, task_id: str, official: gym.Env, num_envs: int, num_threads: int, max_episode_steps: int | None):
+        self.task_id, self.num_envs, self.num_threads = task_id, num_envs, num_threads
+        self.limit = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+        space = official.observation_space
+        self.keys = list(space.keys()) if isinstance(space, gym.spaces.Dict) else None
+        self.single_observation_space = gym.spaces.flatten_space(space) if self.keys else space
+        self.single_action_space = official.action_space
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.pool, self.prev_done = None, np.zeros(num_envs, dtype=bool)
+
+    def flatten(self, obs) -> np.ndarray:
+        if self.keys is None:
+            return obs
+        return np.concatenate([obs[key].reshape(self.num_envs, -1) for key in self.keys], axis=1)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if self.pool is None or seed is not None:  # EnvPool 1.2.0 takes its seed when it is made: a new seed, a new pool
+            import envpool
+
+            self.close_extras()
+            kwargs = dict(num_envs=self.num_envs, seed=seed or 0, num_threads=self.num_threads, **self.limit)
+            self.pool = envpool.make(self.task_id, env_type="gymnasium", **kwargs)
+        obs, _ = self.pool.reset()
+        self.prev_done[:] = False
+        return self.flatten(obs), {}
+
+    def step(self, actions: np.ndarray):
+        obs, reward, terminated, truncated, _ = self.pool.step(np.asarray(actions, dtype=np.float64))
+        reward = np.where(self.prev_done, 0.0, reward)
+        self.prev_done = terminated | truncated
+        return self.flatten(obs), reward, terminated, truncated, {}
+
+    def close_extras(self, **kwargs) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+
+def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.VectorEnv:
+    """The training envs of --env-backend ("auto" is resolved here): NEXT_STEP resets and episode statistics on every
+    backend. EnvPool runs --env-threads threads, else `threads` (at most num_envs)."""
+    backend = choose_env_backend(args)[0] if args.env_backend == "auto" else args.env_backend
+    if backend.startswith("gymnasium"):
+        return make_vector_env(args, args.num_envs, seed, asynchronous=backend == "gymnasium-async")
+    with gym.make(resolve_env_id(args.env_id)) as official:
+        num_threads = args.env_threads or min(threads, args.num_envs)
+        task_id = envpool_task_id(resolve_env_id(args.env_id))
+        envs = EnvPoolVectorEnv(task_id, official, args.num_envs, num_threads, args.max_episode_steps)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     envs.reset(seed=seed)
     return envs
@@ -905,23 +1043,40 @@ def evaluate_checkpoint(run: Run) -> dict:
 # ---------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------
-def rng_state() -> dict:
+def rng_state(device: torch.device) -> dict:
     _, key, pos, has_gauss, gauss = np.random.get_state()  # numpy's cached Gaussian too: resume is bit-for-bit
     numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
-    return {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
+    if device.type == "cuda":  # the GPU's own generator (the scripts draw nothing from it; a user's change might)
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
-def restore_rng(state: dict) -> None:
+def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> None:
+    """The checkpoint's generators; one line where the resumed run cannot repeat an uninterrupted one bit for bit."""
     torch.set_rng_state(state["torch"])
     n, (version, internal, gauss_next) = state["numpy"], state["python"]
     np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     random.setstate((version, tuple(internal), gauss_next))
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+    if saved_on != device.type:
+        print(
+            f"note: {path} was written on {saved_on} and resumes on {device.type}: the same state, but the two devices "
+            "round floating point differently, so the run will not repeat an uninterrupted one bit for bit"
+        )
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
     """``<script>_<kind>.pt`` with the run's state at ``run.global_step``; atomic: a temporary file renamed over it."""
     path = run.path(kind)
-    ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "rng": rng_state(), "eval_return": run.last_eval}
+    ckpt = {
+        "algo": SCRIPT,
+        "args": dataclasses.asdict(run.args),
+        "rng": rng_state(run.device),
+        "device": run.device.type,
+        "eval_return": run.last_eval,
+    }
     ckpt.update(agent=run.agent.state_dict(), duals=run.duals.state_dict(), global_step=run.global_step)
     ckpt.update(optimizers={k: opt.state_dict() for k, opt in run.optimizers.items()}, iteration=run.iteration)
     ckpt["obs_rms"] = run.obs_rms.state_dict()
@@ -946,7 +1101,8 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 # Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
 RUN_FIELDS = "exp_name cuda track wandb_project_name wandb_entity capture_video output_dir total_timesteps".split()
-RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_threads", "checkpoint", "eval_only", "resume"]
+RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_threads", "env_threads"]
+RUN_FIELDS += ["checkpoint", "eval_only", "resume"]
 
 
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
@@ -981,8 +1137,9 @@ def check_args(args: Args, gl_backend: str | None) -> None:
         raise ConfigError(f"--m-step-clip must be in (0, 1), got {args.m_step_clip}")
     if not 0.0 <= args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0:
         raise ConfigError(f"--gamma and --gae-lambda must be in [0, 1], got {args.gamma} and {args.gae_lambda}")
-    if args.torch_threads < 0:
-        raise ConfigError(f"--torch-threads must be >= 0 (0 = torch's default), got {args.torch_threads}")
+    for name in ("torch_threads", "env_threads"):
+        if getattr(args, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (0: the default), got {getattr(args, name)}")
     for name in ("num_envs", "num_steps", "m_steps", "num_minibatches", "eval_episodes"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

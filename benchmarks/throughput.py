@@ -5,8 +5,10 @@ r"""Training throughput of a script's config against its env stepped with random
 
 In ONE process: imports the script by path, builds its `Args` from the arguments after
 `--` (the script's own flags), then measures
-  1. random-action SPS: `make_vector_env(args, args.num_envs, args.seed)` stepped with
-     `envs.action_space.sample()` (the same envs and wrappers training uses);
+  1. random-action SPS: the script's training envs (`make_training_envs(args, seed, threads)`,
+     or `make_vector_env(args, args.num_envs, args.seed)` for a script without a choice of
+     backend) stepped with `envs.action_space.sample()`: the same envs, wrappers and threads
+     training uses;
   2. training SPS: `train(args)` for `--steps` env steps, evaluating only at the end
      (`--eval-interval 0`), its `train_sps` (rollout + update time, evaluation excluded);
   3. random-action SPS again, so drift on a shared machine shows up and averages out;
@@ -58,7 +60,12 @@ def random_action_sps(module, args, steps: int) -> float:
     """Env steps per second of the script's own vector env driven by random actions."""
     if hasattr(module, "choose_gl_backend"):  # as train() does, before the envs import mujoco (ppo_discrete has none)
         module.choose_gl_backend(args.capture_video)
-    envs = module.make_vector_env(args, args.num_envs, args.seed)
+    if hasattr(module, "make_training_envs"):  # EnvPool or gymnasium, with the thread count train() gives it
+        import torch
+
+        envs = module.make_training_envs(args, args.seed, getattr(args, "torch_threads", 0) or torch.get_num_threads())
+    else:
+        envs = module.make_vector_env(args, args.num_envs, args.seed)
     try:
         envs.reset(seed=args.seed)
         envs.action_space.seed(args.seed)

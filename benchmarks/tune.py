@@ -599,6 +599,7 @@ class Objective:
         self.interval = s.base_args.eval_interval  # the same for every trial: no sampler sets it
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # The seeds share the cores, unless the user chose otherwise.
+        # The scripts' update (--torch-threads 0) and EnvPool (--env-threads 0) follow it.
         self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(s.seeds))))
 
     def slots(self, curve: dict[int, float]) -> dict[int, float]:

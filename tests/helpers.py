@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -60,6 +61,25 @@ def start_interruptible(cmd: Sequence[str], **popen_kwargs) -> subprocess.Popen:
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         **popen_kwargs,
     )
+
+
+def wait_for_iteration(
+    proc: subprocess.Popen, output_dir: Path | str, name: str, iteration: int, timeout: float = 300
+) -> None:
+    """Wait until the run under ``output_dir`` has saved ``<name>_last.pt`` at ``iteration`` or later. The console
+    prints a line only every 5% of a run in a pipe, so the checkpoint (replaced atomically) is the clock."""
+    import torch
+
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        for path in Path(output_dir).glob(f"*/{name}_last.pt"):
+            try:
+                if torch.load(path, weights_only=True)["iteration"] >= iteration:
+                    return
+            except (OSError, RuntimeError, EOFError):  # replaced while we read it
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"{name} did not reach iteration {iteration} (exit code {proc.poll()})")
 
 
 def single_run_dir(output_dir: Path | str) -> Path:

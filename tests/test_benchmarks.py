@@ -120,6 +120,19 @@ def test_runner_bad_input_is_one_line(tmp_path, args, message):
     assert not (tmp_path / "r.csv").exists()
 
 
+def test_runner_suite_names_the_control_grid_and_takes_more_envs(tmp_path):
+    proc = bench("run.py", "--algo", "vmpo_continuous", "--suite", "control", "--env", "Hopper-v5", "--budget",
+                 "Hopper-v5=300k", "--seeds", "1", "2", "--out", tmp_path / "r.csv", "--dry-run")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    runs = re.findall(r"todo  vmpo_continuous \[default\] (\S+) seed (\d) \((\d+) steps\)", proc.stdout)
+    budgets = {"cartpole/balance": 200_000, "cartpole/swingup": 500_000, "walker/walk": 1_000_000, "finger/spin": 500_000}
+    budgets |= {"ball_in_cup/catch": 500_000, "hopper/stand": 500_000}
+    expected = {(f"dm_control/{task}", seed, str(steps)) for task, steps in budgets.items() for seed in "12"}
+    assert set(runs) == expected | {("Hopper-v5", seed, "300000") for seed in "12"} and len(runs) == 14
+    proc = bench("run.py", "--algo", "vmpo_continuous", "--seeds", "1", "--out", tmp_path / "r.csv")
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: give --env ENV [ENV ...] or --suite NAME"
+
+
 def synthetic_results(path):
     """Two configs x two envs x three seeds, final evaluation not the best one, rows out of order."""
     header = "algo,tag,env,seed,budget,step,wall_time,eval_return,eval_std\n"

@@ -18,7 +18,7 @@ import pytest
 import torch
 import tyro
 
-from tests.helpers import ROOT, read_scalars, run_cli, single_run_dir, start_interruptible
+from tests.helpers import ROOT, read_scalars, run_cli, script_env, single_run_dir, start_interruptible, wait_for_iteration
 
 # Per script: a cheap env it accepts, its tiny-run flags (rollout of BATCH steps), a probe it accepts.
 BATCH = 128
@@ -296,11 +296,7 @@ def test_ctrl_c_keeps_the_last_trained_step_and_resume_repeats_nothing(name, tmp
         ]
     )
     try:
-        progress = 0
-        for line in proc.stdout:
-            progress += line.startswith("step ")
-            if progress == 3:  # three updates done, the fourth rollout under way
-                break
+        wait_for_iteration(proc, out, name, 3)  # three updates done, the fourth rollout under way
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
@@ -422,3 +418,121 @@ def test_an_env_of_the_wrong_action_space_on_the_cli_is_one_line_naming_the_righ
     line = one_error_line(run_cli(f"{name}.py", ["--env-id", env, "--output-dir", str(tmp_path / "runs")]))
     assert env in line and right in line
     assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------------------------
+# Same seed, same numbers: any thread count, any device
+# ---------------------------------------------------------------------------------
+
+# Builds the script's run (checks, seeds, envs, agent) and saves the freshly initialised weights.
+INITIAL_WEIGHTS = (
+    "import importlib, sys, torch, tyro; m = importlib.import_module(sys.argv[1]); "
+    "torch.save(m.set_up(tyro.cli(m.Args, args=sys.argv[3:])).agent.state_dict(), sys.argv[2])"
+)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_same_seed_same_weights_under_one_and_two_threads(name, tmp_path):
+    """The initial weights under the defaults, and the checkpoint of a short run with a one-thread update (the
+    default update uses every core, and a product's sums then depend on the thread count: the README says so)."""
+    env = "CartPole-v1" if name == "ppo_discrete" else "dm_control/cartpole/balance"  # EnvPool for the continuous ones
+    one_thread_update = [] if name == "ppo_discrete" else ["--torch-threads", "1"]
+    initial, trained = {}, {}
+    for threads in ("1", "2"):
+        out = tmp_path / threads
+        cli = tiny_cli(name, "--total-timesteps", str(4 * BATCH), "--eval-interval", "0", "--output-dir", str(out), env=env)
+        proc = run_cli("-c", [INITIAL_WEIGHTS, name, str(tmp_path / f"init{threads}.pt"), *cli], cwd=ROOT, script_dir=Path(""),
+                       env={"OMP_NUM_THREADS": threads})  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        initial[threads] = torch.load(tmp_path / f"init{threads}.pt", weights_only=True)
+        proc = run_cli(f"{name}.py", [*cli, "--output-dir", str(out / "trained"), *one_thread_update],
+                       env={"OMP_NUM_THREADS": threads})  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        trained[threads] = torch.load(single_run_dir(out / "trained") / f"{name}_last.pt", weights_only=True)["agent"]
+    for key in initial["1"]:
+        assert torch.equal(initial["1"][key], initial["2"][key]), f"initial {key}"
+        assert torch.equal(trained["1"][key], trained["2"][key]), f"trained {key}"
+    assert not torch.equal(initial["1"][key], trained["1"][key])  # and training moved them
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu_with_a_one_line_note(name, checkpoints, tmp_path):
+    """What a GPU's checkpoint holds beyond a CPU's: its device and the CUDA generator's state (16 bytes of Philox)."""
+    ckpt = torch.load(checkpoints[name], weights_only=True)
+    assert ckpt["device"] == "cpu" and "cuda" not in ckpt["rng"]
+    ckpt["device"], ckpt["rng"]["cuda"] = "cuda", torch.zeros(16, dtype=torch.uint8)
+    gpu_checkpoint = tmp_path / f"{name}_last.pt"
+    torch.save(ckpt, gpu_checkpoint)
+    proc = run_cli(
+        f"{name}.py",
+        tiny_cli(name, "--total-timesteps", str(2 * BATCH), "--resume", str(gpu_checkpoint), "--output-dir", str(tmp_path)),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("note: ")]
+    assert notes == [
+        f"note: {gpu_checkpoint} was written on cuda and resumes on cpu: the same state, but the two devices round "
+        "floating point differently, so the run will not repeat an uninterrupted one bit for bit"
+    ]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here: the CUDA generator is saved and restored only on one")
+@pytest.mark.parametrize("name", NAMES)
+def test_a_resumed_gpu_run_continues_like_an_uninterrupted_one(name, tmp_path):
+    cuda = [arg for arg in tiny_cli(name) if arg != "--no-cuda"] + ["--cuda", "--eval-interval", "0"]
+    straight = train(name, *cuda, "--total-timesteps", str(4 * BATCH), "--output-dir", str(tmp_path / "straight"))
+    first = train(name, *cuda, "--total-timesteps", str(2 * BATCH), "--output-dir", str(tmp_path / "first"))
+    checkpoint = Path(first["run_dir"]) / f"{name}_last.pt"
+    assert "cuda" in torch.load(checkpoint, weights_only=True)["rng"]
+    torch.cuda.manual_seed_all(12345)  # the resumed run must restore the generator, not inherit this one
+    resumed = train(name, *cuda, "--total-timesteps", str(4 * BATCH), "--resume", str(checkpoint), "--output-dir",
+                    str(tmp_path / "resumed"))  # fmt: skip
+    a, b = (torch.load(Path(r["run_dir"]) / f"{name}_last.pt", weights_only=True) for r in (straight, resumed))
+    assert all(torch.equal(a["agent"][k], b["agent"][k]) for k in a["agent"])
+    assert torch.equal(a["rng"]["cuda"], b["rng"]["cuda"])
+
+
+# ---------------------------------------------------------------------------------
+# The console: one line in place on a terminal, a line every 5% in a file or pipe
+# ---------------------------------------------------------------------------------
+
+
+def progress_lines(text: str) -> list[str]:
+    return [line for line in text.replace("\r", "\n").splitlines() if line.startswith("step ")]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_progress_in_a_pipe_is_a_line_every_5_percent_and_on_a_terminal_one_line_in_place(name, tmp_path):
+    import os
+    import pty
+    import subprocess
+
+    iterations = 40
+    cli = tiny_cli(name, "--total-timesteps", str(iterations * BATCH), "--eval-interval", str(20 * BATCH))
+    piped = run_cli(f"{name}.py", [*cli, "--output-dir", str(tmp_path / "pipe")])
+    assert piped.returncode == 0, piped.stderr[-3000:]
+    lines = progress_lines(piped.stdout)
+    assert [line.split()[1] for line in lines] == [f"{k * 2 * BATCH}/{iterations * BATCH}" for k in range(1, 21)]
+    assert "nan" not in piped.stdout and "\r" not in piped.stdout
+    if name != "ppo_discrete":  # Pendulum's episodes last 200 steps: none has ended after the first 2 x 128 steps
+        assert lines[0].endswith("| return - | eval -") and "| eval " in lines[-1] and not lines[-1].endswith("eval -")
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, str(ROOT / f"{name}.py"), *cli, "--output-dir", str(tmp_path / "tty")],
+                            stdout=slave, stderr=subprocess.DEVNULL, env=script_env(), cwd=tmp_path)  # fmt: skip
+    os.close(slave)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    text = output.decode()
+    assert text.count("\rstep ") == iterations and text.count("\x1b[K") == iterations  # rewritten after every update
+    progress_block = text[text.index("\rstep ") : text.rindex("\rstep ")]
+    assert "\n" not in progress_block, "a new line before the run ended"
+    assert "nan" not in text

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ppo_continuous as pc
-from tests.helpers import ROOT, check_probe, read_scalars, run_cli, single_run_dir, start_interruptible
+from tests.helpers import ROOT, check_probe, read_scalars, run_cli, single_run_dir, start_interruptible, wait_for_iteration
 
 SCRIPT = "ppo_continuous.py"
 
@@ -417,10 +417,8 @@ def test_ctrl_c_saves_checkpoint_and_resume_continues_like_an_uninterrupted_run(
     cli = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
     out = tmp_path / "interrupted"
     proc = start_interruptible([sys.executable, str(ROOT / SCRIPT), *cli, "--output-dir", str(out), "--no-cuda"], cwd=tmp_path)
-    for line in proc.stdout:
-        if line.startswith("step 640/"):  # 10 iterations done
-            proc.send_signal(signal.SIGINT)
-            break
+    wait_for_iteration(proc, out, "ppo_continuous", 10)
+    proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-3000:]
     assert "interrupted; the last checkpoint, at step" in stdout and "Traceback" not in stderr
