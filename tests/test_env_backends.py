@@ -258,3 +258,16 @@ def one_line(proc) -> str:
 def test_the_tests_run_with_envpool_installed():
     """These tests need EnvPool (requirements.txt pins it); a machine without it fails here rather than skipping."""
     assert envpool.__version__ == "1.2.0" and sys.modules["envpool"] is envpool
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gymnasium_async_trains_with_a_process_per_env_and_says_so(name, tmp_path, capsys):
+    """For a task EnvPool lacks (a user's own env) on a many-core machine."""
+    module, args = tiny_args(name, tmp_path, "--env-id", "Pendulum-v1", "--env-backend", "gymnasium-async")
+    args.total_timesteps = 128
+    envs = module.make_training_envs(args, seed=1)
+    assert isinstance(envs.unwrapped, gym.vector.AsyncVectorEnv)
+    envs.close()
+    summary = module.train(args)
+    assert "training envs: gymnasium AsyncVectorEnv of Pendulum-v1 (--env-backend gymnasium-async)" in capsys.readouterr().out
+    assert summary["global_step"] == 128
