@@ -964,10 +964,9 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
     backend = choose_env_backend(args)[0] if args.env_backend == "auto" else args.env_backend
     if backend.startswith("gymnasium"):
         return make_vector_env(args, args.num_envs, seed, asynchronous=backend == "gymnasium-async")
-    with gym.make(resolve_env_id(args.env_id)) as official:
-        num_threads = args.env_threads or min(threads, args.num_envs)
-        task_id = envpool_task_id(resolve_env_id(args.env_id))
-        envs = EnvPoolVectorEnv(task_id, official, args.num_envs, num_threads, args.max_episode_steps)
+    gym_id, num_threads = resolve_env_id(args.env_id), args.env_threads or min(threads, args.num_envs)
+    with gym.make(gym_id) as official:
+        envs = EnvPoolVectorEnv(envpool_task_id(gym_id), official, args.num_envs, num_threads, args.max_episode_steps)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     envs.reset(seed=seed)
     return envs

@@ -172,7 +172,7 @@ def test_short_episodes_on_envpool_train_no_reset_step_and_bootstrap_from_the_fi
 def test_envpool_runs_repeat_bit_for_bit_and_evaluate_on_the_official_env(name, tmp_path, capsys):
     module, _ = tiny_args(name, tmp_path)
     results = []
-    for sub in ("a", "b"):
+    for sub, env_threads in (("a", "1"), ("b", "2")):  # EnvPool's thread count does not change the run
         _, args = tiny_args(
             name,
             tmp_path / sub,
@@ -182,6 +182,8 @@ def test_envpool_runs_repeat_bit_for_bit_and_evaluate_on_the_official_env(name, 
             "256",
             "--max-episode-steps",
             "50",
+            "--env-threads",
+            env_threads,
         )
         results.append(module.train(args))
     assert "training envs: EnvPool's CartpoleBalance-v1; evaluation on gymnasium's" in capsys.readouterr().out
