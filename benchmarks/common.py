@@ -82,6 +82,49 @@ def reject_managed(extra: Sequence[str], managed: Iterable[str], tool: str) -> N
             raise BenchmarkError(f"{flag} is set by {tool}; pass it to {tool} itself, not after `--`")
 
 
+# Named grids of envs and budgets (`run.py --suite`, `tune.py --suite`): the three tasks the defaults were
+# tuned on at their reference budgets, and three they were not.
+SUITES = {
+    "control": {
+        "dm_control/cartpole/balance": "200k",
+        "dm_control/cartpole/swingup": "500k",
+        "dm_control/walker/walk": "1M",
+        "dm_control/finger/spin": "500k",
+        "dm_control/ball_in_cup/catch": "500k",
+        "dm_control/hopper/stand": "500k",
+    }
+}
+
+# The widely used PPO (CleanRL's ppo_continuous_action.py, its defaults) at the suite's budgets: the mean
+# final deterministic evaluation of shared/REFERENCE_RESULTS.md (2 seeds; finger and ball_in_cup: seed 1).
+# hopper/stand has no reference figure.
+REFERENCE_RETURNS = {
+    "dm_control/cartpole/balance": 509.0,
+    "dm_control/cartpole/swingup": 849.0,
+    "dm_control/walker/walk": 349.0,
+    "dm_control/finger/spin": 553.3,
+    "dm_control/ball_in_cup/catch": 619.9,
+}
+
+
+def parse_budgets(items: Sequence[str], envs: Sequence[str]) -> dict[str, int]:
+    """`['200k', 'dm_control/walker/walk=1M']` -> {env: budget} for every env of the grid."""
+    default, per_env = None, {}
+    for item in items:
+        if "=" in item:
+            env, steps = item.rsplit("=", 1)
+            per_env[env] = parse_steps(steps)
+        else:
+            default = parse_steps(item)
+    unknown = sorted(set(per_env) - set(envs))
+    if unknown:
+        raise BenchmarkError(f"--budget names envs not in --env: {unknown}")
+    missing = [e for e in envs if e not in per_env and default is None]
+    if missing:
+        raise BenchmarkError(f"no --budget for {missing}: give one number for all envs or ENV=N for each")
+    return {e: per_env.get(e, default) for e in envs}
+
+
 def config_tag(tag: str | None, extra: Sequence[str]) -> str:
     """The label of a config in the results: ``--tag`` if given, else the pass-through args, else 'default'."""
     if tag:

@@ -60,39 +60,9 @@ class Run:
 # Named grids: env -> budget. `control`: the reference tasks of shared/REFERENCE_RESULTS.md at their budgets, and three
 # tasks the defaults were not tuned on (finger/spin and ball_in_cup/catch have reference figures at 500k; hopper/stand
 # has none), so that no single task decides the defaults.
-SUITES = {
-    "control": {
-        "dm_control/cartpole/balance": "200k",
-        "dm_control/cartpole/swingup": "500k",
-        "dm_control/walker/walk": "1M",
-        "dm_control/finger/spin": "500k",
-        "dm_control/ball_in_cup/catch": "500k",
-        "dm_control/hopper/stand": "500k",
-    }
-}
-
-
-def parse_budgets(items: list[str], envs: list[str]) -> dict[str, int]:
-    """`['200k', 'dm_control/walker/walk=1M']` -> {env: budget} for every env of the grid."""
-    default, per_env = None, {}
-    for item in items:
-        if "=" in item:
-            env, steps = item.rsplit("=", 1)
-            per_env[env] = common.parse_steps(steps)
-        else:
-            default = common.parse_steps(item)
-    unknown = sorted(set(per_env) - set(envs))
-    if unknown:
-        raise common.BenchmarkError(f"--budget names envs not in --env: {unknown}")
-    missing = [e for e in envs if e not in per_env and default is None]
-    if missing:
-        raise common.BenchmarkError(f"no --budget for {missing}: give one number for all envs or ENV=N for each")
-    return {e: per_env.get(e, default) for e in envs}
-
-
 def plan(args, extra: list[str]) -> list[Run]:
     """Every run of the grid, longest first (better packing of the parallel jobs)."""
-    budgets = parse_budgets(args.budget, args.env)
+    budgets = common.parse_budgets(args.budget, args.env)
     algo = args.script.stem
     runs = [
         Run(
@@ -243,7 +213,9 @@ def parse_args(argv: list[str]):
     )
     p.add_argument("--algo", required=True, help=f"one of {', '.join(common.ALGOS)}, or a path to a script")
     p.add_argument("--env", nargs="+", help="env ids, e.g. dm_control/cartpole/balance CartPole-v1")
-    p.add_argument("--suite", choices=sorted(SUITES), help="a named grid of envs and budgets (--env / --budget add to it)")
+    p.add_argument(
+        "--suite", choices=sorted(common.SUITES), help="a named grid of envs and budgets (--env / --budget add to it)"
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds (default: 1)")
     p.add_argument(
         "--budget", nargs="+", default=[], help="env steps per run: N for every env and/or ENV=N per env (200000, 200k, 1M)"
@@ -261,8 +233,8 @@ def parse_args(argv: list[str]):
     if not args.env and not args.suite:
         raise common.BenchmarkError("give --env ENV [ENV ...] or --suite NAME")
     if args.suite:  # the suite's envs and budgets first; the command line's own --env / --budget ENV=N after them
-        args.env = list(SUITES[args.suite]) + (args.env or [])
-        args.budget = [f"{env}={budget}" for env, budget in SUITES[args.suite].items()] + args.budget
+        args.env = list(common.SUITES[args.suite]) + (args.env or [])
+        args.budget = [f"{env}={budget}" for env, budget in common.SUITES[args.suite].items()] + args.budget
     args.env, args.seeds = list(dict.fromkeys(args.env)), list(dict.fromkeys(args.seeds))  # no run twice
     args.script = common.resolve_script(args.algo)
     common.reject_managed(extra, MANAGED, "run.py")

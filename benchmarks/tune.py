@@ -2,6 +2,8 @@ r"""Hyperparameter search with Optuna over an algorithm script's real command li
 
     python benchmarks/tune.py --algo vmpo_continuous --env dm_control/cartpole/balance \
         --budget 200k --trials 40 [--seeds 1 2] [--storage URL] [--study NAME] [-- fixed script args]
+    python benchmarks/tune.py --algo vmpo_continuous --suite control --trials 20 --seeds 1 2
+
 
 Each trial samples flags from the script's search space (`sample_<algo>` below, one
 function per script) and runs `<script> --env-id ENV --seed S --total-timesteps BUDGET
@@ -13,6 +15,16 @@ pruner (median by default) may stop the trial: its processes are then terminated
 they do not stop) and waited for. The objective is
 the final deterministic evaluation, averaged over the seeds. A run that exits non-zero (bad
 sampled values, a NaN stop) fails its trial; the study goes on.
+
+Several tasks (`--env A B ...` with `--budget ENV=N` each, or `--suite NAME`): each trial runs every
+task with every seed, all in parallel, and one configuration is scored on all of them, so that no
+single task decides it. A task's score is its return (mean over seeds) relative to a reference return:
+the widely used PPO's figure where `common.REFERENCE_RETURNS` has one (`--reference ENV=R` sets or
+overrides it), else 1000 on dm_control tasks (their most an episode can earn). The objective is the
+geometric mean of the scores, each at least SCORE_FLOOR: a relative gain counts the same on every
+task, a task's scale does not change the ranking, and a task that fails pulls the whole score down
+however well the others do. Evaluations are reported to the pruner at the same fraction of every
+task's budget (k / --evals), on the step axis of the longest budget.
 
 Storage: a SQLite file `<out>/study.db` by default, so the same command again resumes the
 study (`--trials` counts the finished trials, complete or pruned, already stored).
@@ -61,6 +73,8 @@ BEST_ROWS = 10
 HEARTBEAT_SECONDS, GRACE_SECONDS = 60, 180  # RDB storages: a trial whose worker died is failed after the grace
 COUNTED = ("COMPLETE", "PRUNED")  # the finished trials that --trials counts (a failed one is retried)
 FAILURES_IN_A_ROW = 10  # a worker gives up after this many failed trials in a row (a broken setup, not bad luck)
+SCORE_FLOOR = 0.01  # several tasks: a task's score (return / reference) counts as at least this in the geometric mean
+DM_CONTROL_MAX_RETURN = 1000.0  # 1000 steps of a reward in [0, 1]: the reference of a dm_control task without a figure
 
 
 # ---------------------------------------------------------------------------------------
@@ -204,14 +218,23 @@ def literal_choices(args: Any, name: str) -> list:
 # Command line and start-up checks (all before the first trial)
 # ---------------------------------------------------------------------------------------
 @dataclass
-class Setup:
-    script: Path
+class Task:
+    """One env of the study at its budget."""
+
     env: str
     budget: int
+    tool_args: list[str]  # script args the tool adds (the evaluation interval)
+    base_args: Any  # the script's Args: its defaults, the env, the budget and the fixed args
+    reference: float | None  # several tasks: the return that scores 1
+
+
+@dataclass
+class Setup:
+    script: Path
+    tasks: list[Task]
     seeds: list[int]
     trials: int
     fixed: list[str]  # script args after `--`
-    tool_args: list[str]  # script args the tool adds (the evaluation interval)
     study: str
     out: Path
     storage: str  # as the user gives it to optuna-dashboard
@@ -221,24 +244,52 @@ class Setup:
     warmup: int
     startup_trials: int
     sampler_seed: int | None
-    base_args: Any  # the script's Args: its defaults, the env, the budget and the fixed args
 
     @property
     def algo(self) -> str:
         return self.script.stem
 
     @property
+    def single(self) -> bool:
+        return len(self.tasks) == 1
+
+    @property
+    def longest(self) -> int:
+        return max(t.budget for t in self.tasks)
+
+    @property
     def config(self) -> dict:
         """What defines the study: a second worker or a rerun must match it."""
+        if self.single:
+            (task,) = self.tasks
+            where = {"env": task.env, "budget": task.budget}
+            tool_args: Any = task.tool_args
+        else:
+            where = {"tasks": {t.env: t.budget for t in self.tasks}, "references": {t.env: t.reference for t in self.tasks}}
+            tool_args = {t.env: t.tool_args for t in self.tasks}
         return {
             "algo": self.algo,
-            "env": self.env,
-            "budget": self.budget,
+            **where,
             "seeds": self.seeds,
             "fixed_args": self.fixed,
-            "tool_args": self.tool_args,
+            "tool_args": tool_args,
             "searched": sorted(filter(self.searched, self.space_names)),
         }
+
+    def describe(self) -> str:
+        """'walker/walk, 200,000 steps' or '3 tasks (balance 200k, ...)'."""
+        if self.single:
+            return f"{self.tasks[0].env}, {self.tasks[0].budget:,} steps"
+        return f"{len(self.tasks)} tasks (" + ", ".join(f"{t.env} {steps_text(t.budget)}" for t in self.tasks) + ")"
+
+    def score(self, returns: dict[str, float]) -> float:
+        """The objective from each task's return (mean over seeds): that return for one task; for several,
+        the geometric mean over tasks of return / reference, each at least SCORE_FLOOR."""
+        if self.single:
+            return returns[self.tasks[0].env]
+        # LaTeX: J = \Big(\prod_{k=1}^{K} \max\big(R_k / R_k^{\mathrm{ref}},\ 0.01\big)\Big)^{1/K}
+        logs = [math.log(max(returns[t.env] / t.reference, SCORE_FLOOR)) for t in self.tasks]
+        return math.exp(sum(logs) / len(logs))
 
 
 def steps_text(n: int) -> str:
@@ -254,11 +305,28 @@ def parse_cli(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="%(prog)s --algo ALGO --env ENV --budget N --trials N [options] [-- script args]",
+        usage="%(prog)s --algo ALGO (--env ENV [ENV ...] --budget N|ENV=N [...] | --suite NAME) --trials N "
+        "[options] [-- script args]",
     )
     p.add_argument("--algo", required=True, help=f"one of {', '.join(SAMPLERS)}")
-    p.add_argument("--env", required=True, help="env id, e.g. dm_control/cartpole/balance or CartPole-v1")
-    p.add_argument("--budget", required=True, help="env steps per trial run (200000, 200k, 1M)")
+    p.add_argument(
+        "--env",
+        nargs="+",
+        help="env id(s), e.g. dm_control/cartpole/balance or CartPole-v1; several: one config scored on all",
+    )
+    p.add_argument(
+        "--suite", choices=sorted(common.SUITES), help="the tasks and budgets of a named suite (--env / --budget add to it)"
+    )
+    p.add_argument(
+        "--budget", nargs="+", default=[], help="env steps per trial run: N for every env and/or ENV=N per env (200k, 1M)"
+    )
+    p.add_argument(
+        "--reference",
+        nargs="+",
+        default=[],
+        metavar="ENV=R",
+        help="several tasks: the return that scores 1 on ENV (default: the widely used PPO's figure, or 1000 on dm_control)",
+    )
     p.add_argument(
         "--trials",
         type=int,
@@ -396,19 +464,32 @@ def setup(argv: Sequence[str]) -> Setup:
             f"--algo {opts.algo!r}: no search space for {script.stem} (tune.py has one for {', '.join(SAMPLERS)})"
         )
     common.reject_managed(fixed, MANAGED, "tune.py")
-    budget = common.parse_steps(opts.budget)
+    if not opts.env and not opts.suite:
+        raise common.BenchmarkError("give --env ENV [ENV ...] with --budget, or --suite NAME")
+    envs, budget_items = list(opts.env or []), list(opts.budget)
+    if opts.suite:  # the suite's envs and budgets first; the command line's own --env / --budget ENV=N after them
+        envs = list(common.SUITES[opts.suite]) + envs
+        budget_items = [f"{env}={steps}" for env, steps in common.SUITES[opts.suite].items()] + budget_items
+    envs = list(dict.fromkeys(envs))
+    budgets = common.parse_budgets(budget_items, envs)
+    references = task_references(opts.reference, envs)
     if opts.trials < 1 or opts.evals < 0 or opts.startup_trials < 0:
         raise common.BenchmarkError("--trials must be >= 1, --evals and --startup-trials >= 0")
-    warmup = budget // 3 if opts.warmup is None else 0 if opts.warmup == "0" else common.parse_steps(opts.warmup)
+    longest = max(budgets.values())
+    warmup = longest // 3 if opts.warmup is None else 0 if opts.warmup == "0" else common.parse_steps(opts.warmup)
     make_pruner(opts.pruner, warmup, opts.startup_trials)  # a bad --pruner fails here
     module = common.load_script(script)
     arg_names = {f.name for f in fields(module.Args)}
     fixed_set = fixed_names(fixed, arg_names)
     gives_interval = "eval_interval" in fixed_set
-    tool_args = [] if gives_interval or opts.evals == 0 else ["--eval-interval", str(max(1, budget // opts.evals))]
-    base_argv = ["--env-id", opts.env, "--total-timesteps", str(budget), *tool_args, *fixed]
-    base = load_args(module, base_argv, script, f"the script args after -- ({shlex.join(fixed)})")
-    check_script_args(module, base)  # the env id and the fixed args, with the script's own messages
+    tasks = []
+    for env, budget in budgets.items():
+        tool_args = [] if gives_interval or opts.evals == 0 else ["--eval-interval", str(max(1, budget // opts.evals))]
+        base_argv = ["--env-id", env, "--total-timesteps", str(budget), *tool_args, *fixed]
+        base = load_args(module, base_argv, script, f"the script args after -- ({shlex.join(fixed)})")
+        check_script_args(module, base)  # the env id and the fixed args, with the script's own messages
+        tasks.append(Task(env, budget, tool_args, base, references.get(env)))
+    base = tasks[0].base_args  # the search space follows the script's Args, not the env
 
     sampler = SAMPLERS[script.stem]
     space, _ = dry_samples(sampler, base, lambda name: True)
@@ -421,20 +502,26 @@ def setup(argv: Sequence[str]) -> Setup:
     searched = lambda name: name in only and name not in fixed_set  # noqa: E731
     if not any(map(searched, space)):
         raise common.BenchmarkError("nothing to search: every parameter is fixed by the script args after --")
+    base_argv = ["--env-id", tasks[0].env, "--total-timesteps", str(tasks[0].budget), *tasks[0].tool_args, *fixed]
     for sample in dry_samples(sampler, base, searched)[1][:2]:  # the space's flags are the script's flags
         load_args(module, [*base_argv, *sample], script, f"flags of its search space ({shlex.join(sample)})")
 
-    study = opts.study or f"{script.stem}-{common.slug(opts.env.replace('/', '-'))}-{steps_text(budget)}"
+    if opts.study:
+        study = opts.study
+    elif len(tasks) == 1:
+        study = f"{script.stem}-{common.slug(tasks[0].env.replace('/', '-'))}-{steps_text(tasks[0].budget)}"
+    elif opts.suite and envs == list(common.SUITES[opts.suite]):
+        study = f"{script.stem}-suite-{opts.suite}"
+    else:
+        study = f"{script.stem}-" + "+".join(common.slug(t.env.split("/", 1)[-1].replace("/", "-")) for t in tasks)
     out = (opts.out or common.ROOT / "benchmarks" / "results" / "tune" / common.slug(study)).resolve()
     storage = opts.storage or f"sqlite:///{out / 'study.db'}"
     return Setup(
         script,
-        opts.env,
-        budget,
+        tasks,
         list(dict.fromkeys(opts.seeds)),
         opts.trials,
         fixed,
-        tool_args,
         study,
         out,
         storage,
@@ -444,8 +531,38 @@ def setup(argv: Sequence[str]) -> Setup:
         warmup,
         opts.startup_trials,
         opts.sampler_seed,
-        base,
     )
+
+
+def task_references(items: list[str], envs: list[str]) -> dict[str, float]:
+    """{env: the return that scores 1} for a study over several tasks: `--reference ENV=R`, else the
+    widely used PPO's figure, else dm_control's most; {} for one task (its objective is its return)."""
+    given = {}
+    for item in items:
+        env, _, value = item.rpartition("=")
+        try:
+            given[env] = float(value)
+        except ValueError:
+            given[env] = math.nan
+        if env not in envs or not (math.isfinite(given[env]) and given[env] > 0):
+            raise common.BenchmarkError(
+                f"--reference {item!r}: give ENV=R with ENV one of the study's envs and R a positive return"
+            )
+    if len(envs) == 1:
+        if given:
+            raise common.BenchmarkError(
+                "--reference scores a study over several tasks; with one env the objective is its return"
+            )
+        return {}
+    references = {}
+    for env in envs:
+        reference = given.get(env, common.REFERENCE_RETURNS.get(env))
+        if reference is None and env.startswith("dm_control/"):
+            reference = DM_CONTROL_MAX_RETURN
+        if reference is None:
+            raise common.BenchmarkError(f"no reference return for {env}: give --reference {env}=R (the return that scores 1)")
+        references[env] = reference
+    return references
 
 
 # ---------------------------------------------------------------------------------------
@@ -534,23 +651,24 @@ class ShortFailure(logging.Filter):
 
 
 class SeedRun:
-    """One seed of one trial: the script's process, its log, its evaluations read back as they appear."""
+    """One task and seed of one trial: the script's process, its log, its evaluations read back as they appear."""
 
-    def __init__(self, s: Setup, trial_dir: Path, seed: int, sampled: list[str], env: dict):
-        self.seed, self.dir = seed, trial_dir / f"seed{seed}"
+    def __init__(self, s: Setup, task: Task, trial_dir: Path, seed: int, sampled: list[str], env: dict):
+        self.task, self.seed = task, seed
+        self.dir = trial_dir / ("" if s.single else common.slug(task.env)) / f"seed{seed}"
         self.dir.mkdir(parents=True)
         self.command = [
             sys.executable,
             str(s.script),
             "--env-id",
-            s.env,
+            task.env,
             "--seed",
             str(seed),
             "--total-timesteps",
-            str(s.budget),
+            str(task.budget),
             "--output-dir",
             str(self.dir / "tb"),
-            *s.tool_args,
+            *task.tool_args,
             *sampled,
             *s.fixed,
         ]
@@ -569,8 +687,9 @@ class SeedRun:
 
     def failure(self) -> str:
         tail = (self.dir / "log.txt").read_text(errors="replace").strip().splitlines()[-LOG_TAIL_LINES:]
-        return f"seed {self.seed} exited with code {self.proc.returncode} ({self.dir / 'log.txt'}): " + " | ".join(
-            line.strip() for line in tail
+        return (
+            f"{self.task.env} seed {self.seed} exited with code {self.proc.returncode} ({self.dir / 'log.txt'}): "
+            + " | ".join(line.strip() for line in tail)
         )
 
     def stop(self) -> None:
@@ -586,33 +705,45 @@ class SeedRun:
 
 
 class Objective:
-    """Run one trial: its seeds in parallel, their evaluations reported to Optuna as they appear.
+    """Run one trial: its runs (tasks x seeds) in parallel, their evaluations reported to Optuna as they appear.
 
     An evaluation is reported at its slot ``k * eval_interval`` (the multiple of the interval it
     follows), not at its exact step: the scripts evaluate at the first update past each multiple,
     so trials with different batch sizes evaluate at different steps, and the median pruner only
     compares values reported at the same step. The final evaluation is reported at the budget.
+    With several tasks a slot is put on the longest budget's step axis (slot / budget * longest),
+    and a value is reported once every run has evaluated there: the score of the tasks' means.
     """
 
     def __init__(self, s: Setup):
         self.s = s
-        self.interval = s.base_args.eval_interval  # the same for every trial: no sampler sets it
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        # The seeds share the cores, unless the user chose otherwise.
+        # The runs share the cores, unless the user chose otherwise.
         # The scripts' update (--torch-threads 0) and EnvPool (--env-threads 0) follow it.
-        self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(s.seeds))))
+        runs = len(s.tasks) * len(s.seeds)
+        self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // runs)))
 
-    def slots(self, curve: dict[int, float]) -> dict[int, float]:
-        """{step: eval} -> {slot: eval}. The first evaluation in a slot wins: a second one there can only
-        be the final evaluation (a budget that is not a multiple of the batch), reported at the budget."""
+    def slots(self, task: Task, curve: dict[int, float]) -> dict[int, float]:
+        """{step: eval} -> {slot on the reporting axis: eval}. The first evaluation in a slot wins: a second
+        one there can only be the final evaluation (a budget that is not a multiple of the batch), reported
+        at the budget."""
+        interval = task.base_args.eval_interval  # the same for every trial: no sampler sets it
         slotted: dict[int, float] = {}
-        for step in sorted(curve) if self.interval else []:
-            slotted.setdefault(min(self.s.budget, step // self.interval * self.interval), curve[step])
+        for step in sorted(curve) if interval else []:
+            slot = min(task.budget, step // interval * interval)
+            slotted.setdefault(slot * self.s.longest // task.budget, curve[step])
         return slotted
+
+    def task_means(self, runs: list[SeedRun], values: list[float]) -> dict[str, float]:
+        """{env: mean over its seeds} from one value per run."""
+        by_task: dict[str, list[float]] = {}
+        for run, value in zip(runs, values, strict=True):
+            by_task.setdefault(run.task.env, []).append(value)
+        return {env: sum(v) / len(v) for env, v in by_task.items()}
 
     def __call__(self, trial) -> float:
         s = self.s
-        sampled = SAMPLERS[s.algo](SearchTrial(trial, s.searched), s.base_args)
+        sampled = SAMPLERS[s.algo](SearchTrial(trial, s.searched), s.tasks[0].base_args)
         trial.set_user_attr("flags", sampled)
         trial_dir = s.out / "trials" / str(trial.number)
         if trial_dir.exists():
@@ -620,7 +751,7 @@ class Objective:
         print(f"trial {trial.number}: start: {shlex.join(sampled)}", flush=True)
         runs: list[SeedRun] = []
         try:
-            runs = [SeedRun(s, trial_dir, seed, sampled, self.env) for seed in s.seeds]
+            runs = [SeedRun(s, task, trial_dir, seed, sampled, self.env) for task in s.tasks for seed in s.seeds]
             reported: set[int] = set()
             while True:
                 done = all(r.proc.poll() is not None for r in runs)  # before reading: no eval is missed
@@ -628,13 +759,13 @@ class Objective:
                     if r.proc.poll() not in (None, 0):
                         self.fail(trial, r.failure())
                 curves = [r.evals() for r in runs]
-                slotted = [self.slots(c) for c in curves]
+                slotted = [self.slots(r.task, c) for r, c in zip(runs, curves, strict=True)]
                 for slot in sorted(set.intersection(*map(set, slotted)) - reported):
-                    self.report(trial, slot, sum(c[slot] for c in slotted) / len(slotted), reported)
+                    self.report(trial, slot, s.score(self.task_means(runs, [c[slot] for c in slotted])), reported)
                 if done:
                     value = self.final_value(trial, runs, curves)
-                    if s.budget not in reported:
-                        self.report(trial, s.budget, value, reported)
+                    if s.longest not in reported:
+                        self.report(trial, s.longest, value, reported)
                     return value
                 time.sleep(POLL_SECONDS)
         finally:
@@ -642,25 +773,29 @@ class Objective:
                 r.stop()
 
     def report(self, trial, step: int, value: float, reported: set[int]) -> None:
-        """Report the mean evaluation over seeds at ``step``; raise TrialPruned if the pruner says so."""
+        """Report the objective at ``step``; raise TrialPruned if the pruner says so."""
         import optuna
 
         trial.report(value, step)
         reported.add(step)
-        print(f"trial {trial.number}: step {step}: eval {value:.2f}", flush=True)
-        if step < self.s.budget and trial.should_prune():
+        print(f"trial {trial.number}: step {step}: {'eval' if self.s.single else 'score'} {value:.2f}", flush=True)
+        if step < self.s.longest and trial.should_prune():
             trial.set_user_attr("pruned_at_step", step)
-            raise optuna.TrialPruned(f"eval {value:.2f} at step {step}")
+            raise optuna.TrialPruned(f"{'eval' if self.s.single else 'score'} {value:.2f} at step {step}")
 
     def final_value(self, trial, runs: list[SeedRun], curves: list[dict[int, float]]) -> float:
-        """The objective: each seed's last evaluation (the final one), averaged."""
-        finals = {}
+        """The objective: each run's last evaluation (the final one), averaged over seeds, scored over tasks."""
         for run, curve in zip(runs, curves, strict=True):
             if not curve:
-                self.fail(trial, f"seed {run.seed}: no eval/return_mean in {run.dir / 'tb'}")
-            finals[run.seed] = curve[max(curve)]
-        trial.set_user_attr("final_returns", {str(k): v for k, v in finals.items()})
-        value = sum(finals.values()) / len(finals)
+                self.fail(trial, f"{run.task.env} seed {run.seed}: no eval/return_mean in {run.dir / 'tb'}")
+        finals = [curve[max(curve)] for curve in curves]
+        means = self.task_means(runs, finals)
+        if self.s.single:
+            trial.set_user_attr("final_returns", {str(r.seed): v for r, v in zip(runs, finals, strict=True)})
+        else:
+            trial.set_user_attr("final_returns", {f"{r.task.env} {r.seed}": v for r, v in zip(runs, finals, strict=True)})
+            trial.set_user_attr("task_returns", means)
+        value = self.s.score(means)
         if not math.isfinite(value):
             self.fail(trial, f"final evaluation is {value}")
         return value
@@ -700,12 +835,29 @@ def trial_rows(study) -> tuple[list[str], list[dict]]:
             "last_reported_step": max(t.intermediate_values, default=""),
             "pruned_at_step": t.user_attrs.get("pruned_at_step", ""),
             "error": t.user_attrs.get("error", ""),
+            "task_returns": task_returns_text(t.user_attrs.get("task_returns", {})),
             "flags": shlex.join(t.user_attrs.get("flags", [])),
             **{p: t.params.get(p, "") for p in params},
         }
         for t in trials
     ]
-    return ["number", "state", "value", "duration_s", "last_reported_step", "pruned_at_step", "error", "flags", *params], rows
+    header = [
+        "number",
+        "state",
+        "value",
+        "duration_s",
+        "last_reported_step",
+        "pruned_at_step",
+        "error",
+        "task_returns",
+        "flags",
+    ]
+    return [*header, *params], rows
+
+
+def task_returns_text(returns: dict[str, float]) -> str:
+    """{'dm_control/walker/walk': 412.3, ...} -> 'walker/walk 412.3 · ...' (several tasks; '' for one)."""
+    return " · ".join(f"{env.removeprefix('dm_control/')} {value:.1f}" for env, value in returns.items())
 
 
 def write_table(path: Path, header: list[str], rows: list[dict]) -> None:
@@ -720,19 +872,25 @@ def write_table(path: Path, header: list[str], rows: list[dict]) -> None:
 
 def best_markdown(s: Setup, rows: list[dict], counts: dict[str, int]) -> str:
     complete = sorted((r for r in rows if r["state"] == "COMPLETE"), key=lambda r: -r["value"])[:BEST_ROWS]
+    objective = "final deterministic evaluation (mean over seeds)"
+    if not s.single:
+        refs = ", ".join(f"{t.env.removeprefix('dm_control/')} {t.reference:g}" for t in s.tasks)
+        objective = (
+            f"geometric mean over tasks of the {objective} / reference, each at least {SCORE_FLOOR} (references: {refs})"
+        )
     lines = [
-        f"# Study `{s.study}`: {s.algo} on {s.env}, {s.budget:,} steps, seeds {' '.join(map(str, s.seeds))}",
+        f"# Study `{s.study}`: {s.algo} on {s.describe()}, seeds {' '.join(map(str, s.seeds))}",
         "",
         "Trials: " + ", ".join(f"{n} {state.lower()}" for state, n in counts.items() if n),
         "",
-        f"Objective: final deterministic evaluation (mean over seeds). Best {len(complete)}:",
+        f"Objective: {objective}. Best {len(complete)}:",
         "",
-        "| rank | trial | value | seconds | flags |",
-        "|---|---|---|---|---|",
+        "| rank | trial | value | seconds | flags |" if s.single else "| rank | trial | score | seconds | returns | flags |",
+        "|---|---|---|---|---|" if s.single else "|---|---|---|---|---|---|",
     ]
-    lines += [
-        f"| {i} | {r['number']} | {r['value']:.2f} | {r['duration_s']} | `{r['flags']}` |" for i, r in enumerate(complete, 1)
-    ]
+    for i, r in enumerate(complete, 1):
+        returns = "" if s.single else f" {r['task_returns']} |"
+        lines.append(f"| {i} | {r['number']} | {r['value']:.2f} | {r['duration_s']} |{returns} `{r['flags']}` |")
     return "\n".join(lines) + "\n"
 
 
@@ -740,7 +898,9 @@ def best_commands(s: Setup, trial) -> str:
     """The best trial as ready-to-paste command lines: one run of the script, and run.py over seeds."""
     sampled = trial.user_attrs.get("flags", [])
     script = os.path.relpath(s.script, common.ROOT)
-    one = shlex.join(["python", script, "--env-id", s.env, "--total-timesteps", str(s.budget), *sampled, *s.fixed])
+    first = s.tasks[0]
+    one = shlex.join(["python", script, "--env-id", first.env, "--total-timesteps", str(first.budget), *sampled, *s.fixed])
+    budgets = [steps_text(first.budget)] if s.single else [f"{t.env}={steps_text(t.budget)}" for t in s.tasks]
     grid = shlex.join(
         [
             "python",
@@ -748,12 +908,12 @@ def best_commands(s: Setup, trial) -> str:
             "--algo",
             s.algo,
             "--env",
-            s.env,
+            *(t.env for t in s.tasks),
             "--seeds",
             "1",
             "2",
             "--budget",
-            steps_text(s.budget),
+            *budgets,
             "--tag",
             f"{s.study}-trial{trial.number}",
             "--",
@@ -761,9 +921,10 @@ def best_commands(s: Setup, trial) -> str:
             *s.fixed,
         ]
     )
+    what = "the same config over 2 seeds" if s.single else "the same config on every task, 2 seeds"
     return (
         f"# best trial {trial.number} of study {s.study}: value {trial.value:.2f}\n{one}\n"
-        f"# the same config over 2 seeds with the benchmark runner\n{grid}\n"
+        f"# {what} with the benchmark runner\n{grid}\n"
     )
 
 
@@ -858,7 +1019,7 @@ def main() -> int:
     todo = max(0, s.trials - finished)
     print(
         f"study {s.study} in {s.storage}: {finished} of {s.trials} trials finished (complete or pruned), "
-        f"{todo} to go (seeds {' '.join(map(str, s.seeds))}; {s.budget:,} steps each)"
+        f"{todo} to go (seeds {' '.join(map(str, s.seeds))}; {s.describe()})"
     )
     print(f"live view: optuna-dashboard {dashboard_target(s.storage)}", flush=True)
     signal.signal(signal.SIGTERM, interrupt)

@@ -6,6 +6,7 @@ failing only its trial, bad input as one line, and the files it writes."""
 from __future__ import annotations
 
 import csv
+import math
 import os
 import signal
 import subprocess
@@ -266,3 +267,78 @@ def test_bad_input_is_one_line(tmp_path, args, message):
     assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("error: ") and message in lines[0]
     assert not (tmp_path / "out").exists(), "nothing may start before the input is checked"
+
+
+def test_several_tasks_are_scored_together(tmp_path):
+    """One config on two tasks at two budgets: every task x seed runs, the objective is the geometric mean
+    of each task's final return (mean over seeds) over its reference, recomputed here from the events."""
+    tasks = {"CartPole-v1": 2048, "Probe4Discrete-v0": 1024}
+    references = {"CartPole-v1": 100.0, "Probe4Discrete-v0": 2.0}
+    proc = tune(
+        "--algo",
+        "ppo_discrete",
+        "--env",
+        *tasks,
+        "--budget",
+        *(f"{env}={steps}" for env, steps in tasks.items()),
+        "--reference",
+        *(f"{env}={r}" for env, r in references.items()),
+        "--seeds",
+        1,
+        2,
+        "--evals",
+        2,
+        "--params",
+        "learning_rate",
+        "--trials",
+        1,
+        "--out",
+        tmp_path,
+        "--pruner",
+        "none",
+        *SCRIPT_ARGS,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (trial,) = study_trials(f"sqlite:///{tmp_path / 'study.db'}", "ppo_discrete-CartPole-v1+Probe4Discrete-v0")
+    assert trial.state.name == "COMPLETE"
+    logs, finals = {}, {}
+    for env, budget in tasks.items():
+        for seed in (1, 2):
+            scalars = read_scalars(single_run_dir(tmp_path / "trials" / "0" / env / f"seed{seed}" / "tb"))
+            curve = scalars["eval/return_mean"]
+            assert [step for step, _ in curve] == [budget // 2, budget], f"{env}: evaluations at {curve}"
+            logs[env, seed], finals[env, seed] = curve, curve[-1][1]
+    means = {env: (finals[env, 1] + finals[env, 2]) / 2 for env in tasks}
+    scores = [max(means[env] / references[env], 0.01) for env in tasks]
+    assert trial.value == pytest.approx((scores[0] * scores[1]) ** 0.5)
+    assert trial.user_attrs["task_returns"] == pytest.approx(means)
+    # The halfway evaluations of both tasks (steps 1024 and 512) share one slot, on the longest budget's axis.
+    halfway = {env: (logs[env, 1][0][1] + logs[env, 2][0][1]) / 2 for env in tasks}
+    expected_half = math.sqrt(math.prod(max(halfway[env] / references[env], 0.01) for env in tasks))
+    assert trial.intermediate_values == pytest.approx({1024: expected_half, 2048: trial.value})
+
+    best_md = (tmp_path / "best.md").read_text()
+    assert "on 2 tasks (CartPole-v1 2048, Probe4Discrete-v0 1024)" in best_md and "geometric mean" in best_md
+    assert f"CartPole-v1 {means['CartPole-v1']:.1f} · Probe4Discrete-v0 {means['Probe4Discrete-v0']:.1f}" in best_md
+    commands = (tmp_path / "best_command.txt").read_text()
+    assert "--env CartPole-v1 Probe4Discrete-v0 --seeds 1 2 --budget CartPole-v1=2048 Probe4Discrete-v0=1024" in commands
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env", "CartPole-v1", "Acrobot-v1", "--budget", "2048"], "no reference return for CartPole-v1: give --reference"),
+        (
+            ["--env", "CartPole-v1", "Acrobot-v1", "--budget", "2048", "--reference", "Pendulum-v1=3"],
+            "--reference 'Pendulum-v1=3': give ENV=R with ENV one of the study's envs",
+        ),
+        (["--env", "CartPole-v1", "--budget", "2048", "--reference", "CartPole-v1=500"], "--reference scores a study over"),
+        (["--env", "CartPole-v1", "Acrobot-v1", "--budget", "CartPole-v1=2048"], "no --budget for ['Acrobot-v1']"),
+    ],
+)
+def test_bad_task_input_is_one_line(tmp_path, args, message):
+    proc = tune("--algo", "ppo_discrete", *args, "--trials", 1, "--out", tmp_path / "out")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("error: ") and message in lines[0]
+    assert not (tmp_path / "out").exists()
