@@ -875,6 +875,12 @@ def make_vector_env(
     return envs
 
 
+# EnvPool ports that are not the official task: under the same random actions (benchmarks/README.md, "EnvPool's
+# ports"), finger's touch sensors read about twice the official values, its hinge spins about 28% slower and
+# finger/spin pays a reward on a quarter as many steps. "auto" trains these on gymnasium.
+ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")
+
+
 def envpool_task_id(gym_id: str) -> str | None:
     """EnvPool's id for a gymnasium id (dm_control/walker-walk-v0 -> WalkerWalk-v1; MuJoCo's Hopper-v5 keeps its name), or
     None where EnvPool is not installed or has no port of the task."""
@@ -902,8 +908,12 @@ def choose_env_backend(args: Args) -> tuple[str, str]:
         kind = "AsyncVectorEnv" if args.env_backend == "gymnasium-async" else "SyncVectorEnv"
         return args.env_backend, f"training envs: gymnasium {kind} of {gym_id} (--env-backend {args.env_backend})"
     task_id = envpool_task_id(gym_id)
+    if task_id in ENVPOOL_DIFFERS and args.env_backend == "auto":
+        why = f"EnvPool's {task_id} differs from the official task; --env-backend envpool uses it anyway"
+        return "gymnasium", f"training envs: gymnasium SyncVectorEnv of {gym_id} ({why})"
     if task_id is not None:
-        return "envpool", f"training envs: EnvPool's {task_id}; evaluation on gymnasium's {gym_id}"
+        differs = " (it differs from the official task)" if task_id in ENVPOOL_DIFFERS else ""
+        return "envpool", f"training envs: EnvPool's {task_id}{differs}; evaluation on gymnasium's {gym_id}"
     installed = importlib.util.find_spec("envpool") is not None
     if args.env_backend == "envpool":
         todo = "has no port of it" if installed else "is not installed (pip install envpool==1.2.0)"

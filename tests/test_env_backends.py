@@ -105,6 +105,47 @@ def test_envpool_walker_computes_the_official_observations_and_rewards_from_the_
             np.testing.assert_allclose(step.observation[key], obs[key][0], rtol=0, atol=1e-9, err_msg=key)
 
 
+def test_envpools_finger_is_not_the_official_finger():
+    """Why ENVPOOL_DIFFERS lists the finger tasks: 32 envs of each take the same 1000 random actions (clipped
+    N(0, 1), as an untrained policy acts); EnvPool's touch sensors read about twice the official values
+    (1.8-2.2x over three seeds) and its hinge spins slower (0.6-0.8x). If this fails, a new EnvPool may have
+    fixed its finger: measure it again and take it out of ENVPOOL_DIFFERS."""
+    gym.register_envs(shimmy)
+    n, steps = 32, 1000
+    pool = envpool.make_gymnasium("FingerSpin-v1", num_envs=n, seed=1, num_threads=1)
+    pool.reset()
+    official = gym.vector.SyncVectorEnv([lambda: gym.make("dm_control/finger-spin-v0") for _ in range(n)])
+    official.reset(seed=1)
+    actions = np.clip(np.random.default_rng(1).normal(0.0, 1.0, (steps, n, 2)), -1.0, 1.0)
+    touch, hinge_speed = {}, {}
+    for name, envs in (("envpool", pool), ("official", official)):
+        observations = [envs.step(a)[0] for a in actions]
+        touch[name] = np.mean([o["touch"] for o in observations])
+        hinge_speed[name] = np.mean([np.abs(o["velocity"][:, 2]) for o in observations])
+    pool.close()
+    official.close()
+    assert touch["envpool"] > 1.4 * touch["official"], touch
+    assert hinge_speed["envpool"] < 0.9 * hinge_speed["official"], hinge_speed
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_auto_trains_a_differing_envpool_port_on_gymnasium_and_says_why(name, tmp_path):
+    module = importlib.import_module(name)
+    assert "FingerSpin-v1" in module.ENVPOOL_DIFFERS
+    for backend, chosen, says in [
+        ("auto", "gymnasium", "gymnasium SyncVectorEnv of dm_control/finger-spin-v0 (EnvPool's FingerSpin-v1 differs"),
+        ("envpool", "envpool", "EnvPool's FingerSpin-v1 (it differs from the official task)"),
+    ]:
+        args = tiny_args(name, tmp_path, "--env-id", "dm_control/finger/spin", "--env-backend", backend)[1]
+        resolved, line = module.choose_env_backend(args)
+        assert resolved == chosen and says in line, line
+        envs = module.make_training_envs(args, seed=1)
+        assert isinstance(envs.unwrapped, module.EnvPoolVectorEnv) == (chosen == "envpool")
+        envs.close()
+    walker = tiny_args(name, tmp_path, "--env-id", "dm_control/walker/walk")[1]
+    assert module.choose_env_backend(walker)[0] == "envpool"  # the ports that match stay on EnvPool
+
+
 # ---------------------------------------------------------------------------------
 # Episode ends: no reset step trained on, truncation bootstrapped from the real final obs
 # ---------------------------------------------------------------------------------
