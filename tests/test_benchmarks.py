@@ -263,3 +263,20 @@ def test_runner_refuses_to_mix_configs_under_one_tag(grid):
         "2",
     )
     assert proc.returncode == 1 and "give this config its own --tag" in proc.stderr
+
+
+def test_envpool_ports_compares_each_task_with_the_official_one():
+    """`envpool_ports.py`: one table row per task, both backends' reward figures for two halves, the
+    between / within observation figure; a task EnvPool does not port says so; no task is one line."""
+    proc = bench("envpool_ports.py", "dm_control/finger/spin", "Pendulum-v1", "--num-envs", "2", "--steps", "50")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| dm_control/") or line.startswith("| Pendulum")]
+    finger, pendulum = rows
+    cells = [c.strip() for c in finger.strip("|").split("|")]
+    assert cells[:2] == ["dm_control/finger-spin-v0", "FingerSpin-v1"]
+    for paid in cells[2:4]:  # "x% (mean) / y% (mean)" for the two halves
+        assert re.fullmatch(r"\d+\.\d\d% \(-?\d+\.\d{4}\) / \d+\.\d\d% \(-?\d+\.\d{4}\)", paid), paid
+    assert re.fullmatch(r"\d+\.\d{3} \(dim \d+\) / \d+\.\d{3}", cells[4]), cells[4]
+    assert "no EnvPool port" in pendulum
+    proc = bench("envpool_ports.py")
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: give dm_control env ids or --all"
