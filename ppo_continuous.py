@@ -115,8 +115,9 @@ class Args:
     """hidden layer sizes of the policy-mean MLP"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of the value MLP"""
-    init_log_std: float = -0.5
-    """initial log standard deviation of the Gaussian policy (-0.5: std 0.61 on actions in [-1, 1])"""
+    init_log_std: float = 0.0
+    """initial log standard deviation of the Gaussian policy (0: std 1 on actions in [-1, 1], so about a third of the
+    first actions land on the bounds once clipped: the exploration sparse tasks such as finger/spin need)"""
     norm_obs: bool = True
     """normalize observations by one running mean/std shared by all training envs (clipped to [-10, 10])"""
     reward_scaling: bool = True
