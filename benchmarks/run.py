@@ -57,9 +57,6 @@ class Run:
         return f"{self.algo} [{self.tag}] {self.env} seed {self.seed} ({self.budget} steps)"
 
 
-# Named grids: env -> budget. `control`: the reference tasks of shared/REFERENCE_RESULTS.md at their budgets, and three
-# tasks the defaults were not tuned on (finger/spin and ball_in_cup/catch have reference figures at 500k; hopper/stand
-# has none), so that no single task decides the defaults.
 def plan(args, extra: list[str]) -> list[Run]:
     """Every run of the grid, longest first (better packing of the parallel jobs)."""
     budgets = common.parse_budgets(args.budget, args.env)
