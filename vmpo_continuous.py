@@ -141,8 +141,8 @@ class Args:
     """lower clamp of the pre-tanh log standard deviation"""
     log_std_max: float = 2.0
     """upper clamp of the pre-tanh log standard deviation"""
-    init_log_std: float | None = -0.5
-    """initial pre-tanh log-std: the parameter (None: 0) or the log-std head's bias (None: PyTorch's init)"""
+    init_log_std: float | None = -0.25
+    """initial pre-tanh log-std (-0.25: std 0.78): the parameter (None: 0) or the log-std head's bias (None: PyTorch's init)"""
     torch_threads: int = 0
     """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); rollout inference uses 1"""
     norm_obs: bool = True
