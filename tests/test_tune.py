@@ -259,10 +259,28 @@ def test_crashed_run_fails_its_trial_and_the_study_goes_on(tmp_path):
         ),
         (["--algo", "ppo_discrete", "--env", "CartPole-v1", "--pruner", "median:3"], "--pruner 'median:3': use"),
         (["--algo", "ppo_discrete", "--env", "CartPole-v1", "--storage", "study.db"], "--storage 'study.db': give"),
+        # several tasks
+        (
+            ["--algo", "ppo_discrete", "--env", "CartPole-v1", "Acrobot-v1"],
+            "no reference return for CartPole-v1: give --reference",
+        ),
+        (
+            ["--algo", "ppo_discrete", "--env", "CartPole-v1", "Acrobot-v1", "--reference", "Pendulum-v1=3"],
+            "--reference 'Pendulum-v1=3': give ENV=R with ENV one of the study's envs",
+        ),
+        (
+            ["--algo", "ppo_discrete", "--env", "CartPole-v1", "--reference", "CartPole-v1=500"],
+            "--reference scores a study over",
+        ),
+        (
+            ["--algo", "ppo_discrete", "--env", "CartPole-v1", "Acrobot-v1", "--budget", "CartPole-v1=2048"],
+            "no --budget for ['Acrobot-v1']",
+        ),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, args, message):
-    proc = tune(*args, "--budget", BUDGET, "--trials", 1, "--out", tmp_path / "out")
+    budget = [] if "--budget" in args else ["--budget", BUDGET]
+    proc = tune(*args, *budget, "--trials", 1, "--out", tmp_path / "out")
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("error: ") and message in lines[0]
@@ -322,23 +340,3 @@ def test_several_tasks_are_scored_together(tmp_path):
     assert f"CartPole-v1 {means['CartPole-v1']:.1f} · Probe4Discrete-v0 {means['Probe4Discrete-v0']:.1f}" in best_md
     commands = (tmp_path / "best_command.txt").read_text()
     assert "--env CartPole-v1 Probe4Discrete-v0 --seeds 1 2 --budget CartPole-v1=2048 Probe4Discrete-v0=1024" in commands
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--env", "CartPole-v1", "Acrobot-v1", "--budget", "2048"], "no reference return for CartPole-v1: give --reference"),
-        (
-            ["--env", "CartPole-v1", "Acrobot-v1", "--budget", "2048", "--reference", "Pendulum-v1=3"],
-            "--reference 'Pendulum-v1=3': give ENV=R with ENV one of the study's envs",
-        ),
-        (["--env", "CartPole-v1", "--budget", "2048", "--reference", "CartPole-v1=500"], "--reference scores a study over"),
-        (["--env", "CartPole-v1", "Acrobot-v1", "--budget", "CartPole-v1=2048"], "no --budget for ['Acrobot-v1']"),
-    ],
-)
-def test_bad_task_input_is_one_line(tmp_path, args, message):
-    proc = tune("--algo", "ppo_discrete", *args, "--trials", 1, "--out", tmp_path / "out")
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith("error: ") and message in lines[0]
-    assert not (tmp_path / "out").exists()
