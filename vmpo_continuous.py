@@ -219,13 +219,19 @@ class Agent(nn.Module):
         self.register_buffer("action_bias", (high + low) / 2.0)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One pass for everything: (Gaussian mean, clamped log-std, value)."""
+        """(Gaussian mean, clamped log-std, value)."""
+        return *self.policy(obs), self.value(obs)
+
+    def policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Gaussian alone, all that acting needs: (mean, clamped log-std)."""
         h = self.policy_encoder(obs)
         mean = self.policy_mean(h)
         log_std = self.policy_log_std.expand_as(mean) if self.ppo_like else self.policy_log_std(h)
-        log_std = log_std.clamp(self.log_std_min, self.log_std_max)
-        value = self.value_head(h if self.value_encoder is None else self.value_encoder(obs)).squeeze(-1)
-        return mean, log_std, value
+        return mean, log_std.clamp(self.log_std_min, self.log_std_max)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        features = self.policy_encoder(obs) if self.value_encoder is None else self.value_encoder(obs)  # --shared-encoder
+        return self.value_head(features).squeeze(-1)
 
     def squash(self, u: torch.Tensor) -> torch.Tensor:
         # LaTeX: a = b + s \odot \tanh(u), \quad s = \tfrac{1}{2}(a_{high} - a_{low}), \ b = \tfrac{1}{2}(a_{high} + a_{low})
@@ -236,7 +242,7 @@ class Agent(nn.Module):
         return torch.atanh(((actions - self.action_bias) / self.action_scale).clamp(-1.0 + 1e-6, 1.0 - 1e-6))
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.squash(self(obs)[0])
+        return self.squash(self.policy(obs)[0])
 
 
 def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -296,9 +302,9 @@ def collect_rollout(agent: Agent, envs, obs_rms, next_obs: torch.Tensor, buf: Ro
     for step in range(num_steps):
         buf.obs[step] = next_obs
         buf.restarting[step] = torch.as_tensor(~prev_done, dtype=torch.float32)  # 0 after an episode end: a reset step
-        mean, log_std, value = agent(next_obs)
+        mean, log_std = agent.policy(next_obs)
         action = agent.squash(mean + log_std.exp() * torch.randn_like(mean))  # u ~ N(mean, std), a = b + s tanh(u)
-        buf.actions[step], buf.means[step], buf.log_stds[step], buf.values[step] = action, mean, log_std, value
+        buf.actions[step], buf.means[step], buf.log_stds[step] = action, mean, log_std
         raw_obs, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
         obs_rms.update(raw_obs)
         next_obs = torch.as_tensor(obs_rms.normalize(raw_obs), device=next_obs.device)
@@ -307,6 +313,9 @@ def collect_rollout(agent: Agent, envs, obs_rms, next_obs: torch.Tensor, buf: Ro
         prev_done = terminated | truncated
         for i in np.flatnonzero(infos.get("_episode", [])):
             episodes.append(((step + 1) * num_envs, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
+    # V(s_t) of the whole rollout in one pass, not one pass of num_envs rows per env step, whose cost is per-call
+    # overhead: the same values, to float rounding.
+    buf.values[:] = agent.value(buf.obs)
     return next_obs, episodes
 
 
@@ -677,7 +686,7 @@ def train(args: Args) -> dict:
 
             # ---- advantages and value targets
             with torch.inference_mode():  # row t+1 holds s_{t+1}; the observation after the rollout bootstraps the last row
-                next_values = torch.cat([rollout.values[1:], acting_agent(next_obs)[2].unsqueeze(0)], 0)
+                next_values = torch.cat([rollout.values[1:], acting_agent.value(next_obs).unsqueeze(0)], 0)
             gae_lambda = ESTIMATOR_LAMBDA.get(args.advantage_estimator, args.gae_lambda)
             target_inputs = (rollout.rewards, rollout.values, next_values, rollout.terminated, rollout.truncated)
             advantages, returns = compute_targets(*target_inputs, args.gamma, gae_lambda)
