@@ -230,7 +230,8 @@ class Agent(nn.Module):
         return mean, log_std.clamp(self.log_std_min, self.log_std_max)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        features = self.policy_encoder(obs) if self.value_encoder is None else self.value_encoder(obs)  # --shared-encoder
+        """V(obs); with --shared-encoder on the policy's features (forward() then runs that encoder twice)."""
+        features = self.policy_encoder(obs) if self.value_encoder is None else self.value_encoder(obs)
         return self.value_head(features).squeeze(-1)
 
     def squash(self, u: torch.Tensor) -> torch.Tensor:
