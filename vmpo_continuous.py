@@ -219,19 +219,24 @@ class Agent(nn.Module):
         self.register_buffer("action_bias", (high + low) / 2.0)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(Gaussian mean, clamped log-std, value)."""
-        return *self.policy(obs), self.value(obs)
+        """One pass for everything: (Gaussian mean, clamped log-std, value)."""
+        h = self.policy_encoder(obs)
+        return *self.gaussian(h), self.value(obs, h)
 
     def policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The Gaussian alone, all that acting needs: (mean, clamped log-std)."""
-        h = self.policy_encoder(obs)
+        return self.gaussian(self.policy_encoder(obs))
+
+    def gaussian(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean = self.policy_mean(h)
         log_std = self.policy_log_std.expand_as(mean) if self.ppo_like else self.policy_log_std(h)
         return mean, log_std.clamp(self.log_std_min, self.log_std_max)
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        """V(obs); with --shared-encoder on the policy's features (forward() then runs that encoder twice)."""
-        features = self.policy_encoder(obs) if self.value_encoder is None else self.value_encoder(obs)
+    def value(self, obs: torch.Tensor, policy_features: torch.Tensor | None = None) -> torch.Tensor:
+        """V(obs). With --shared-encoder it reads the policy encoder's features: given by forward(), else computed."""
+        if self.value_encoder is not None:
+            return self.value_head(self.value_encoder(obs)).squeeze(-1)
+        features = self.policy_encoder(obs) if policy_features is None else policy_features
         return self.value_head(features).squeeze(-1)
 
     def squash(self, u: torch.Tensor) -> torch.Tensor:

@@ -300,6 +300,23 @@ def test_fused_adam_update_matches_the_reference_adam():
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shared_encoder", [False, True])
+def test_acting_and_value_passes_match_the_one_pass_forward(shared_encoder):
+    """The rollout acts with Agent.policy and values with Agent.value; the update reads forward(). All three must give
+    the same numbers, and the value must read its own encoder, or the policy's with --shared-encoder."""
+    args = tiny_args(shared_encoder=shared_encoder)
+    space = Box(-np.inf, np.inf, (24,))
+    torch.manual_seed(0)
+    agent = V.Agent(space, Box(-1.0, 1.0, (6,)), args)
+    obs = torch.randn(5, 24)
+    with torch.no_grad():
+        mean, log_std, value = agent(obs)
+        encoder = agent.policy_encoder if shared_encoder else agent.value_encoder
+        torch.testing.assert_close(value, agent.value_head(encoder(obs)).squeeze(-1))
+        torch.testing.assert_close(agent.value(obs), value)
+        torch.testing.assert_close(agent.policy(obs), (mean, log_std))
+
+
 def test_the_acting_copy_synced_after_an_update_collects_the_trained_agents_rollout():
     """Training on a GPU, train() acts with a deep copy of the agent and syncs it by load_state_dict after every
     update. Synced, the copy must collect exactly the rollout of the updated agent (it would not if some of the
