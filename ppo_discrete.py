@@ -377,7 +377,6 @@ class Run:
     global_step: int = 0
     iteration: int = 0
     last_eval: float | None = None
-    saved_step: int = 0  # the step of the `last` checkpoint on disk (Ctrl-C can land inside a save)
     best_eval: float = -math.inf
 
     def path(self, kind: str) -> str:  # "last" or "best"
@@ -536,7 +535,9 @@ def train(args: Args) -> dict:
                     save_checkpoint(run, "best")
             print_progress(run, sps, np.mean(recent_returns or [math.nan]), final=last)
     except KeyboardInterrupt:
-        print(f"\ninterrupted; the last checkpoint, at step {run.saved_step} (the last trained step), is {run.path('last')}")
+        # The step is read back from the file: Ctrl-C can land inside a save, after its rename.
+        saved = torch.load(run.path("last"), map_location="cpu", weights_only=True)["global_step"]
+        print(f"\ninterrupted; the last checkpoint, at step {saved} (the last trained step), is {run.path('last')}")
         raise
     finally:
         run.close()
@@ -756,8 +757,6 @@ def save_checkpoint(run: Run, kind: str) -> None:
     ckpt["obs_rms"] = run.obs_rms.state_dict() if run.obs_rms is not None else None
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
-    if kind == "last":
-        run.saved_step = run.global_step
 
 
 def load_checkpoint(path: str, flag: str) -> dict:

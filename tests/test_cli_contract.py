@@ -332,6 +332,31 @@ def test_ctrl_c_keeps_the_last_trained_step_and_resume_repeats_nothing(name, tmp
     assert [step for step, _ in read_scalars(resumed["run_dir"])["charts/SPS"]] == [saved + BATCH, saved + 2 * BATCH]
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_ctrl_c_right_after_a_checkpoints_rename_names_the_step_on_disk(name, tmp_path, capsys, monkeypatch):
+    """Ctrl-C can land between a save's rename and whatever follows it: the message must still name the step in the file."""
+    import os
+
+    rename, renames = os.replace, []
+
+    def rename_then_interrupt(src, dst):
+        rename(src, dst)
+        renames.append(dst)
+        if str(dst).endswith("_last.pt") and len(renames) == 3:  # the initial save, two updates, then Ctrl-C
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", rename_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(
+            name, *tiny_cli(name, "--total-timesteps", str(10 * BATCH), "--eval-interval", "0", "--output-dir", str(tmp_path))
+        )
+    monkeypatch.undo()
+    last = single_run_dir(tmp_path) / f"{name}_last.pt"
+    saved = torch.load(last, weights_only=True)["global_step"]
+    assert saved == 2 * BATCH
+    assert f"interrupted; the last checkpoint, at step {saved} (the last trained step), is {last}" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------
 # Copy one file, determinism, documented Args, wandb offline, bad input on the CLI
 # ---------------------------------------------------------------------------------
