@@ -8,6 +8,7 @@ machine without any GL library still trains, and says what to install when asked
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import signal
 import sys
@@ -335,8 +336,6 @@ def test_ctrl_c_keeps_the_last_trained_step_and_resume_repeats_nothing(name, tmp
 @pytest.mark.parametrize("name", NAMES)
 def test_ctrl_c_right_after_a_checkpoints_rename_names_the_step_on_disk(name, tmp_path, capsys, monkeypatch):
     """Ctrl-C can land between a save's rename and whatever follows it: the message must still name the step in the file."""
-    import os
-
     rename, renames = os.replace, []
 
     def rename_then_interrupt(src, dst):
