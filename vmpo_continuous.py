@@ -29,6 +29,7 @@ import importlib.util
 import math
 import os
 import random
+import re
 import sys
 import time
 import warnings
@@ -51,9 +52,7 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Args:
-    """Console: on a terminal, one progress line updated in place (step/total, %, SPS, ETA, the mean return of the last 20
-    training episodes, '-' until one ends, and the last evaluation's return); in a file or a pipe, that line every 5% of
-    the run. The same seed gives the same run for the same update thread count (see --torch-threads)."""
+    """V-MPO with a tanh-squashed Gaussian policy for continuous actions, in one file."""
 
     exp_name: str = "vmpo_continuous"
     """the name of this experiment (part of the run name)"""
@@ -87,7 +86,8 @@ class Args:
     gamma: float = 0.99
     """discount factor"""
     advantage_estimator: Literal["returns", "dae", "gae"] = "gae"
-    """targets: bootstrapped discounted returns to the rollout end, one-step TD, or GAE(lambda)"""
+    """targets: gae (GAE(lambda)); returns (lambda 1: the paper's bootstrapped n-step returns, unbiased but noisy); dae
+    (lambda 0: one-step TD errors, low variance, biased while the value is poor)"""
     gae_lambda: float = 0.95
     """lambda of GAE (only with --advantage-estimator gae)"""
     m_steps: int = 80
@@ -101,13 +101,14 @@ class Args:
     anneal_lr: bool = True
     """anneal the policy and value learning rates linearly to 0 over training"""
     optimizer: Literal["adam", "sgd"] = "adam"
-    """optimizer of the networks and of the dual variables"""
+    """optimizer of the networks and of the dual variables: adam, or sgd (with --sgd-momentum) to compare with trainers
+    that used plain SGD"""
     sgd_momentum: float = 0.9
     """momentum of SGD (only with --optimizer sgd)"""
     max_grad_norm: float = 0.5
     """global gradient-norm clip of the M-step"""
-    normalize_advantages: bool = True
-    """normalize advantages over the non-restarting samples of the batch"""
+    norm_adv: bool = True
+    """normalize advantages over the batch's trained samples (not reset steps)"""
     topk_fraction: float = 0.7
     """rho: fraction of the (non-restarting) samples with the highest advantages kept by the E-step"""
     temperature_init: float = 1.0
@@ -117,26 +118,28 @@ class Args:
     epsilon_eta: float = 0.15
     """KL bound of the E-step weights (temperature dual)"""
     epsilon_mu: float = 0.05
-    """KL bound on the change of the Gaussian mean per iteration (0.05 rarely binds with the clipped M-step; a bound that
-    binds, such as 0.005, holds the mean and lets the update shrink sigma instead: see benchmarks/README.md)"""
+    """KL bound on the change of the Gaussian mean per iteration"""
     epsilon_sigma: float = 0.001
     """KL bound on the change of the Gaussian covariance per iteration"""
     alpha_init: float = 1.0
     """initial alpha_mu and alpha_sigma (KL Lagrange multipliers)"""
     alpha_lr: float = 1e-2
     """learning rate of alpha_mu and alpha_sigma (one step per M-step)"""
-    m_step: Literal["seed", "push", "clip"] = "clip"
-    """M-step loss: seed, the paper's (a pull to the top k); push adds a bounded push off the bottom k; clip bounds both"""
+    m_step: Literal["seed", "clip"] = "clip"
+    """M-step loss: clip, a pull to the top k that stops at ratio 1 + epsilon plus a push off the bottom k that stops at
+    1 - epsilon; seed, the paper's weighted maximum likelihood (to reproduce the paper)"""
     m_step_clip: float = 0.2
-    """epsilon of the likelihood-ratio bounds of --m-step push and clip"""
+    """epsilon of the likelihood-ratio bounds of --m-step clip"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer sizes of the policy encoder"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of the value encoder (ignored with --shared-encoder)"""
     shared_encoder: bool = False
-    """the value head reads the policy encoder (one encoder for both)"""
+    """one encoder for policy and value (the value head reads the policy's features): fewer parameters, and the value
+    loss shapes the policy's features; for large observations where two encoders cost too much"""
     ppo_like_backbone: bool = True
-    """orthogonal-init Linear+Tanh layers, state-independent log-std (else LayerNorm/ELU layers, a log-std head)"""
+    """orthogonal-init Linear+Tanh layers and a state-independent log-std; --no-ppo-like-backbone: the V-MPO paper's
+    LayerNorm/ELU layers and a state-dependent log-std head (a std that can differ between states)"""
     log_std_min: float = -5.0
     """lower clamp of the pre-tanh log standard deviation"""
     log_std_max: float = 2.0
@@ -177,9 +180,9 @@ class TrainingDiverged(RuntimeError):
 # ---------------------------------------------------------------------------------------
 # Network
 # ---------------------------------------------------------------------------------------
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias)
+    nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
@@ -275,7 +278,8 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
 class Rollout:
     """(num_steps, num_envs, ...) tensors of one rollout. With NEXT_STEP autoreset the step after an episode end is a
     reset step: it holds the real final observation (so row t+1 is always s_{t+1}) and its action is ignored. Its
-    restarting weight is 0: top-k never selects it, and the advantage statistics, value loss and diagnostics skip it."""
+    restarting weight (1 - resets) is 0: top-k never selects it, and the advantage statistics, value loss and diagnostics
+    skip it."""
 
     obs: torch.Tensor
     actions: torch.Tensor  # env-scale a = b + s tanh(u)
@@ -285,13 +289,25 @@ class Rollout:
     values: torch.Tensor
     terminated: torch.Tensor
     truncated: torch.Tensor
-    restarting: torch.Tensor  # 0 on reset steps, else 1
+    resets: torch.Tensor  # 1 on reset steps, else 0
 
     @classmethod
     def empty(cls, num_steps: int, envs: gym.vector.VectorEnv, device: torch.device) -> Rollout:
-        zeros = lambda *shape: torch.zeros((num_steps, envs.num_envs, *shape), device=device)  # noqa: E731
+        def zeros(*shape: int) -> torch.Tensor:
+            return torch.zeros((num_steps, envs.num_envs, *shape), device=device)
+
         obs_shape, act_dim = envs.single_observation_space.shape, envs.single_action_space.shape[0]
-        return cls(zeros(*obs_shape), zeros(act_dim), zeros(act_dim), zeros(act_dim), *(zeros() for _ in range(5)))
+        return cls(
+            obs=zeros(*obs_shape),
+            actions=zeros(act_dim),
+            means=zeros(act_dim),
+            log_stds=zeros(act_dim),
+            rewards=zeros(),
+            values=zeros(),
+            terminated=zeros(),
+            truncated=zeros(),
+            resets=zeros(),
+        )
 
     def batch(self, advantages: torch.Tensor, returns: torch.Tensor, device: torch.device) -> dict[str, torch.Tensor]:
         """The flat batch `vmpo_update` reads, on the training device: every field, the advantages and the returns."""
@@ -307,7 +323,7 @@ def collect_rollout(agent: Agent, envs, obs_rms, next_obs: torch.Tensor, buf: Ro
     prev_done, episodes = (torch.maximum(buf.terminated[-1], buf.truncated[-1]) > 0).cpu().numpy(), []
     for step in range(num_steps):
         buf.obs[step] = next_obs
-        buf.restarting[step] = torch.as_tensor(~prev_done, dtype=torch.float32)  # 0 after an episode end: a reset step
+        buf.resets[step] = torch.as_tensor(prev_done, dtype=torch.float32)  # 1 after an episode end: a reset step
         mean, log_std = agent.policy(next_obs)
         action = agent.squash(mean + log_std.exp() * torch.randn_like(mean))  # u ~ N(mean, std), a = b + s tanh(u)
         buf.actions[step], buf.means[step], buf.log_stds[step] = action, mean, log_std
@@ -331,7 +347,7 @@ def collect_rollout(agent: Agent, envs, obs_rms, next_obs: torch.Tensor, buf: Ro
 ESTIMATOR_LAMBDA = {"returns": 1.0, "dae": 0.0}  # the lambda of each --advantage-estimator (gae: --gae-lambda)
 
 
-def compute_targets(rewards, values, next_values, terminated, truncated, gamma: float, gae_lambda: float) -> tuple:
+def compute_gae(rewards, values, next_values, terminated, truncated, gamma: float, gae_lambda: float) -> tuple:
     """Advantages and value targets, (num_steps, num_envs). next_values[t] = V(real successor of s_t): the real final
     observation at an episode end (NEXT_STEP autoreset stores it as the next row), the next observation at the rollout
     end. gae_lambda = 1 gives bootstrapped discounted returns minus V, 0 the one-step TD error (DAE), between: GAE."""
@@ -360,8 +376,10 @@ def normalize_advantages(advantages: torch.Tensor, valid: torch.Tensor) -> torch
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
-    # LaTeX: \operatorname{EV} = 1 - \frac{\operatorname{Var}[R - V]}{\operatorname{Var}[R] + 10^{-8}}
-    return float(1.0 - (returns - values).var(unbiased=False) / (returns.var(unbiased=False) + 1e-8))
+    """1 - Var[R - V] / Var[R] with population variances; NaN where the returns do not vary."""
+    var_returns = returns.var(unbiased=False)
+    # LaTeX: \mathrm{EV} = 1 - \frac{\operatorname{Var}[\hat{R}_t - V(s_t)]}{\operatorname{Var}[\hat{R}_t]}
+    return float("nan") if var_returns == 0 else float(1.0 - (returns - values).var(unbiased=False) / var_returns)
 
 
 # ---------------------------------------------------------------------------------------
@@ -424,20 +442,20 @@ def decoupled_kl(mean, log_std, old_mean, old_log_std) -> tuple[torch.Tensor, to
     return kl_mu, kl_sigma
 
 
-def m_step_policy_loss(m_step: str, weights, push_weights, log_prob, log_ratio, clip: float) -> torch.Tensor:
-    """The likelihood part of the M-step's policy loss. seed: the paper's weighted maximum likelihood, a pull toward the
-    top-k samples; clip stops the pull once a sample's ratio is above 1 + clip. push and clip: a push away from the
-    bottom-k samples that stops once their ratio is below 1 - clip (unbounded, the push diverges)."""
-    if m_step == "clip":
-        # LaTeX: \mathcal{L}^{pull}_\pi = -\sum_t \psi_t \min\left(\log \rho_t, \log(1 + \epsilon_{clip})\right)
-        likelihood = -(weights * torch.clamp(log_ratio, max=math.log1p(clip))).sum()
-    else:
-        # LaTeX: \mathcal{L}^{NLL}_\pi = -\sum_t \psi_t \log \pi_\theta(a_t \mid s_t)
-        likelihood = -(weights * log_prob).sum()
-    if m_step != "seed":
-        # LaTeX: \mathcal{L}^{push}_\pi = \sum_t \psi^-_t \max\left(\log \rho_t, \log(1 - \epsilon_{clip})\right)
-        likelihood = likelihood + (push_weights * torch.clamp(log_ratio, min=math.log1p(-clip))).sum()
-    return likelihood
+def nll_loss(weights: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
+    """--m-step seed, the paper's M-step: weighted maximum likelihood of the top-k samples."""
+    # LaTeX: \mathcal{L}^{NLL}_\pi = -\sum_t \psi_t \log \pi_\theta(a_t \mid s_t)
+    return -(weights * log_prob).sum()
+
+
+def clipped_likelihood_loss(weights, push_weights, log_ratio: torch.Tensor, clip: float) -> torch.Tensor:
+    """--m-step clip: a pull toward the top-k samples that stops once a sample's ratio is above 1 + clip, and a push away
+    from the bottom-k samples that stops once their ratio is below 1 - clip (unbounded, the push diverges)."""
+    # LaTeX: \mathcal{L}^{pull}_\pi = -\sum_t \psi_t \min\left(\log \rho_t, \log(1 + \epsilon_{clip})\right)
+    pull = -(weights * torch.clamp(log_ratio, max=math.log1p(clip))).sum()
+    # LaTeX: \mathcal{L}^{push}_\pi = \sum_t \psi^-_t \max\left(\log \rho_t, \log(1 - \epsilon_{clip})\right)
+    push = (push_weights * torch.clamp(log_ratio, min=math.log1p(-clip))).sum()
+    return pull + push
 
 
 def build_optimizers(agent: Agent, duals: DualVariables, args: Args) -> dict[str, torch.optim.Optimizer]:
@@ -457,44 +475,52 @@ def build_optimizers(agent: Agent, duals: DualVariables, args: Args) -> dict[str
 def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dict, args: Args) -> dict[str, float]:
     """One V-MPO iteration on a flat batch: E-step (one temperature step), then m_steps M-steps."""
     obs, old_means, old_log_stds, returns = batch["obs"], batch["means"], batch["log_stds"], batch["returns"]
-    restarting = batch["restarting"]
-    # Pre-tanh actions and the (parameter-free) squash Jacobian are fixed for the whole update.
+    # The paper's restarting weights: 0 on reset steps, whose actions the env ignored.
+    restarting = 1.0 - batch["resets"]
+    # Pre-tanh actions are fixed for the whole update.
     u = agent.unsquash(batch["actions"])
-    log_det = squash_log_det(u, agent.action_scale)
-    advantages = normalize_advantages(batch["advantages"], restarting) if args.normalize_advantages else batch["advantages"]
+    advantages = normalize_advantages(batch["advantages"], restarting) if args.norm_adv else batch["advantages"]
 
     # ---- E-step: weights with the current temperature, then one dual step on it.
     estep = e_step(advantages, restarting, duals.temperature(), args.topk_fraction, args.epsilon_eta)
     optimizers["temperature"].zero_grad()
     estep["dual_loss"].backward()
     optimizers["temperature"].step()
-    weights, selected, push_weights = estep["weights"], estep["selected_weights"], None
-    if args.m_step != "seed":
+    weights, selected = estep["weights"], estep["selected_weights"]
+    if args.m_step == "clip":
         # The mirror E-step: the same temperature and k on the negated advantages gives weights
         # proportional to exp(-s_t) over the bottom k samples (its dual loss is not used).
         # LaTeX: \psi^-_t \propto \bar{w}^-_t e^{-s_t}, \quad \bar{w}^-_t = w^{restart}_t [t \in \mathrm{BottomK}(s, k)]
         push_weights = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)["weights"]
+    else:  # the paper's likelihood reads log pi(a|s), so the (parameter-free) squash Jacobian too
+        log_det = squash_log_det(u, agent.action_scale)
     old_log_prob = gaussian_log_prob(old_means, old_log_stds, u)
 
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit.
     # Each step sees one minibatch (the whole batch with --num-minibatches 1); psi sums to 1 over the batch, so a
     # minibatch's weights are scaled by N / n to keep the likelihood's size against the KL terms.
-    n = len(obs) // args.num_minibatches
+    minibatch_size = len(obs) // args.num_minibatches
     for step in range(args.m_steps):
         if step % args.num_minibatches == 0:  # a fresh shuffle for each pass over the batch
             # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
-            order = torch.randperm(len(obs)).to(obs.device) if args.num_minibatches > 1 else None
-        mb, scale = slice(None) if order is None else order[step % args.num_minibatches * n :][:n], args.num_minibatches
+            shuffled = args.num_minibatches > 1
+            order = torch.randperm(len(obs)).to(obs.device) if shuffled else torch.arange(len(obs), device=obs.device)
+        start = step % args.num_minibatches * minibatch_size
+        mb = order[start : start + minibatch_size]
         mean, log_std, values = agent(obs[mb])
         gaussian_lp = gaussian_log_prob(mean, log_std, u[mb])
-        # The env action a = b + s tanh(u): a change of variables.
-        # LaTeX: \log \pi_\theta(a_t|s_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log|\det \partial a/\partial u|
-        log_prob = gaussian_lp - log_det[mb]
         # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): the squash Jacobian cancels, the pre-tanh Gaussians are enough.
         # LaTeX: \log \rho_t = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old})
         log_ratio = gaussian_lp - old_log_prob[mb]
-        push = None if push_weights is None else scale * push_weights[mb]
-        likelihood_loss = m_step_policy_loss(args.m_step, scale * weights[mb], push, log_prob, log_ratio, args.m_step_clip)
+        if args.m_step == "clip":
+            likelihood_loss = clipped_likelihood_loss(
+                args.num_minibatches * weights[mb], args.num_minibatches * push_weights[mb], log_ratio, args.m_step_clip
+            )
+        else:
+            # The env action a = b + s tanh(u): a change of variables.
+            # LaTeX: \log \pi_\theta(a_t|s_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log|\det \partial a/\partial u|
+            log_prob = gaussian_lp - log_det[mb]
+            likelihood_loss = nll_loss(args.num_minibatches * weights[mb], log_prob)
         kl_mu_t, kl_sigma_t = decoupled_kl(mean, log_std, old_means[mb], old_log_stds[mb])
         # LaTeX: (D_\mu, D_\sigma) = \frac{1}{N_{sel}} \sum_{t \in \mathcal{S}} \big(D_\mu(s_t), D_\sigma(s_t)\big)
         kl_mu, kl_sigma = masked_mean(kl_mu_t, selected[mb]), masked_mean(kl_sigma_t, selected[mb])
@@ -524,9 +550,8 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         stats = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss, "losses/alpha_loss": alpha_loss}
         stats["losses/temperature_loss"] = estep["dual_loss"]
         stats["losses/entropy"] = masked_mean(gaussian_entropy(log_std), selected[mb])
-        stats["losses/explained_variance"] = explained_variance(values[valid > 0], returns[mb][valid > 0])
         stats["losses/clipfrac"] = masked_mean(clipped, valid)
-        stats["kl/mean"], stats["kl/std"] = masked_mean(kl_mu_t, valid), masked_mean(kl_sigma_t, valid)
+        stats["kl/mu"], stats["kl/sigma"] = masked_mean(kl_mu_t, valid), masked_mean(kl_sigma_t, valid)
         stats["vmpo/alpha_mu"], stats["vmpo/alpha_sigma"] = alpha_mu, alpha_sigma
         stats["vmpo/temperature"] = duals.temperature()
         stats["vmpo/ess"] = 1.0 / (weights**2).sum()  # effective sample size of the E-step weights
@@ -647,8 +672,21 @@ def set_up(args: Args) -> Run:
 
 def train(args: Args) -> dict:
     run = set_up(args)
-    if args.eval_only:
-        return evaluate_checkpoint(run)
+    start_time = time.time()
+    if args.eval_only:  # evaluate the checkpoint's policy once, log it, print one line
+        try:
+            eval_returns = evaluate(run, "eval-only" if args.capture_video else None)
+        finally:
+            run.close()
+        mean, std = float(eval_returns.mean()), float(eval_returns.std())
+        print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
+        summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0}
+        return summary | {
+            "wall_time": time.time() - start_time,
+            "final_eval_return": mean,
+            "final_eval_std": std,
+            "best_eval_return": mean,
+        }
     args, agent, optimizers, writer = run.args, run.agent, run.optimizers, run.writer
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
@@ -669,7 +707,7 @@ def train(args: Args) -> dict:
         rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
         print(f"training to step {final_step}: {rounded}")
     recent_returns = deque(maxlen=20)
-    start_time, train_time, trained_steps = time.time(), 0.0, 0
+    train_time, trained_steps = 0.0, 0
     # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
     save_checkpoint(run, "last")
     try:
@@ -694,7 +732,7 @@ def train(args: Args) -> dict:
                 next_values = torch.cat([rollout.values[1:], acting_agent.value(next_obs).unsqueeze(0)], 0)
             gae_lambda = ESTIMATOR_LAMBDA.get(args.advantage_estimator, args.gae_lambda)
             target_inputs = (rollout.rewards, rollout.values, next_values, rollout.terminated, rollout.truncated)
-            advantages, returns = compute_targets(*target_inputs, args.gamma, gae_lambda)
+            advantages, returns = compute_gae(*target_inputs, args.gamma, gae_lambda)
             batch = rollout.batch(advantages, returns, run.device)
 
             # ---- update
@@ -714,13 +752,15 @@ def train(args: Args) -> dict:
             sps = trained_steps / train_time
             writer.add_scalar("charts/learning_rate", optimizers["model"].param_groups[0]["lr"], run.global_step)
             writer.add_scalar("charts/SPS", sps, run.global_step)
+            trained = batch["resets"] == 0  # the value's fit over the trained samples, with the values that acted
+            stats["losses/explained_variance"] = explained_variance(batch["values"][trained], batch["returns"][trained])
             for key, value in stats.items():
                 writer.add_scalar(key, value, run.global_step)
 
             # ---- evaluate and save: every eval_interval steps, and at the end
             every, last = args.eval_interval, iteration == num_iterations
             if last or (every > 0 and run.global_step // every > (run.global_step - batch_size) // every):
-                eval_returns, _ = evaluate(run, f"eval-step-{run.global_step}" if args.capture_video else None)
+                eval_returns = evaluate(run, f"eval-step-{run.global_step}" if args.capture_video else None)
                 run.last_eval = float(eval_returns.mean())
                 save_checkpoint(run, "last")
                 if run.last_eval >= run.best_eval:
@@ -759,35 +799,33 @@ def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> N
 # ---------------------------------------------------------------------------------------
 # Environments
 # ---------------------------------------------------------------------------------------
-DM_CONTROL_FORMS = "'dm_control/<domain>/<task>' (e.g. dm_control/walker/walk) or 'dm_control/<domain>-<task>-v0'"
+DM_CONTROL_FORMS = "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0 (e.g. dm_control/walker/walk)"
 
 
 def resolve_env_id(env_id: str) -> str:
-    """Map an accepted env id to a gymnasium id; bad dm_control ids raise ConfigError."""
+    """The gymnasium id of an accepted env id; any other id is a ConfigError that says what is accepted."""
     if env_id.startswith("Probe"):
-        import probe_envs  # noqa: F401  (registers the probe ids; only needed for them)
-    if not env_id.startswith("dm_control/"):
-        return env_id
-    rest = env_id[len("dm_control/") :]
-    if len(rest.split("/")) == 2 and all(rest.split("/")):
-        domain, task = rest.split("/")
-    elif "/" not in rest and rest.endswith("-v0") and rest.count("-") == 2 and all(rest[:-3].split("-")):
-        domain, task = rest[:-3].split("-")
-    else:
-        raise ConfigError(f"malformed dm_control env id {env_id!r}; accepted forms: {DM_CONTROL_FORMS}")
-    import shimmy
+        with contextlib.suppress(ImportError):  # probe_envs.py registers the probe ids; a copied script may lack it
+            import probe_envs  # noqa: F401
+    if env_id.startswith("dm_control/"):
+        import shimmy  # registers the dm_control/* ids with gymnasium
+        from dm_control import suite
 
-    gym.register_envs(shimmy)
-    tasks: dict[str, list[str]] = {}  # {domain: [tasks]} of the ids shimmy registers
-    for name in gym.registry:
-        if name.startswith("dm_control/") and name.endswith("-v0") and name.count("-") == 2 and "compatibility" not in name:
-            tasks.setdefault(name[len("dm_control/") : -len("-v0")].split("-")[0], []).append(name[:-3].split("-")[1])
-    if domain not in tasks:
-        raise ConfigError(f"unknown dm_control domain {domain!r} in {env_id!r}; valid domains: {', '.join(sorted(tasks))}")
-    if task not in tasks[domain]:
-        valid = ", ".join(sorted(tasks[domain]))
-        raise ConfigError(f"unknown task {task!r} for dm_control domain {domain!r}; valid tasks: {valid}")
-    return f"dm_control/{domain}-{task}-v0"
+        gym.register_envs(shimmy)
+        match = re.fullmatch(r"dm_control/(\w+)(?:/(\w+)|-(\w+)-v0)", env_id)
+        if match is None:
+            raise ConfigError(f"malformed dm_control id {env_id!r}; accepted forms: {DM_CONTROL_FORMS}")
+        domain, task = match[1], match[2] or match[3]
+        if domain not in suite.TASKS_BY_DOMAIN:
+            domains = ", ".join(sorted(suite.TASKS_BY_DOMAIN))
+            raise ConfigError(f"unknown dm_control domain {domain!r} in {env_id!r}; valid domains: {domains}")
+        if task not in suite.TASKS_BY_DOMAIN[domain]:
+            tasks = ", ".join(sorted(suite.TASKS_BY_DOMAIN[domain]))
+            raise ConfigError(f"unknown task {task!r} for dm_control domain {domain!r}; valid tasks: {tasks}")
+        return f"dm_control/{domain}-{task}-v0"
+    if env_id not in gym.registry:
+        raise ConfigError(f"unknown env id {env_id!r}; accepted: a registered gymnasium id, {DM_CONTROL_FORMS}, or a probe id")
+    return env_id
 
 
 # Headless MuJoCo rendering: each MUJOCO_GL backend and the shared library it loads, in order of preference.
@@ -797,31 +835,24 @@ GL_PACKAGES = "Mesa's EGL (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0) 
 
 def library_loads(names: tuple[str, ...]) -> bool:
     for name in names:
-        try:
-            ctypes.CDLL(name)
-            return True
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            return ctypes.CDLL(name) is not None
     return False
 
 
 def choose_gl_backend(capture_video: bool) -> str | None:
-    """Set MUJOCO_GL before anything imports mujoco; return the backend (None: none loads). The user's MUJOCO_GL wins;
-    without video nothing is rendered ('disable'); for video, the first of EGL and OSMesa whose library loads."""
-    if "MUJOCO_GL" in os.environ or not capture_video:
-        return os.environ.setdefault("MUJOCO_GL", "disable")
-    if sys.platform != "linux":
-        return "default"  # macOS / Windows: MuJoCo's own windowing backend
-    for backend, libraries in GL_BACKENDS:
-        if library_loads(libraries):
-            os.environ["MUJOCO_GL"] = backend
-            return backend
-    os.environ["MUJOCO_GL"] = "disable"  # mujoco still imports; check_video names what to install
-    return None
+    """Set MUJOCO_GL before mujoco loads: the user's wins, else 'disable' without video, else the first GL_BACKENDS
+    library that loads (None if none does: check_video then names what to install)."""
+    if "MUJOCO_GL" in os.environ or (capture_video and sys.platform != "linux"):
+        return os.environ.get("MUJOCO_GL", "default")  # "default": MuJoCo's own windowing (macOS, Windows)
+    backend = next((name for name, libraries in GL_BACKENDS if library_loads(libraries)), None) if capture_video else "disable"
+    os.environ["MUJOCO_GL"] = backend or "disable"
+    return backend
 
 
-def check_video(env_id: str, gym_id: str, gl_backend: str | None) -> None:
+def check_video(env_id: str, gl_backend: str | None) -> None:
     """--capture-video: one env renders one frame now, so a missing renderer fails here, in one line."""
+    gym_id = resolve_env_id(env_id)
     if gl_backend is None and (gym_id.startswith("dm_control/") or "mujoco" in str(gym.spec(gym_id).entry_point)):
         raise ConfigError(f"--capture-video: no OpenGL library loads for rendering {env_id}; install {GL_PACKAGES}")
     try:
@@ -832,8 +863,8 @@ def check_video(env_id: str, gym_id: str, gl_backend: str | None) -> None:
         frame = env.render()
         env.close()
     except Exception as e:  # a renderer that cannot start: name it, without a traceback
-        first_line = (str(e).splitlines() or [""])[0]
-        raise ConfigError(f"--capture-video: {env_id} cannot render ({type(e).__name__}: {first_line})") from None
+        reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        raise ConfigError(f"--capture-video: {env_id} cannot render ({reason})") from None
     if not isinstance(frame, np.ndarray):
         raise ConfigError(f"--capture-video: {env_id} draws no rgb frames (render() returned {type(frame).__name__})")
 
@@ -843,57 +874,51 @@ class RecordEpisodeVideo(gym.Wrapper):
 
     def __init__(self, env: gym.Env, video_dir: str):
         super().__init__(env)
-        self.video_dir, self.name, self.frames = video_dir, None, []
-        dt = getattr(env.unwrapped, "dt", None)
-        self.fps = 1.0 / dt if dt else env.metadata.get("render_fps") or 30
+        self.video_dir, self.name, self.frames = video_dir, None, None
+        self.fps = 1 / env.unwrapped.dt if getattr(env.unwrapped, "dt", None) else env.metadata.get("render_fps", 30)
 
     def start(self, name: str) -> None:
-        self.name, self.frames = name, []
+        self.name = name  # recording starts at the next reset: whole episodes only
 
     def reset(self, **kwargs):
         out = super().reset(**kwargs)
-        self.frames = [] if self.name is None else [self.env.render()]
+        self.frames = None if self.name is None else [self.env.render()]
         return out
 
     def step(self, action):
-        obs, reward, terminated, truncated, info = super().step(action)
-        if self.name is not None:
+        out = super().step(action)
+        if self.frames is not None:
             self.frames.append(self.env.render())
-            if terminated or truncated:
+            if out[2] or out[3]:  # terminated or truncated
                 import imageio
 
                 os.makedirs(self.video_dir, exist_ok=True)
-                path = os.path.join(self.video_dir, f"{self.name}.mp4")
-                imageio.mimsave(path, self.frames, fps=self.fps, macro_block_size=1)
-                self.name, self.frames = None, []
-        return obs, reward, terminated, truncated, info
+                imageio.mimsave(f"{self.video_dir}/{self.name}.mp4", self.frames, fps=self.fps, macro_block_size=1)
+                self.name, self.frames = None, None
+        return out
 
 
-def make_vector_env(
-    args: Args, num_envs: int, seed: int, video_dir: str | None = None, asynchronous: bool = False
-) -> gym.vector.VectorEnv:
-    """The official envs, NEXT_STEP autoreset, flat observations, episode statistics; env 0 can record (--capture-video
-    and a video_dir). asynchronous: a process per env (gymnasium's AsyncVectorEnv)."""
-    gym_id = resolve_env_id(args.env_id)
-    limit = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
+def make_vector_env(args: Args, num_envs: int, seed: int, video_dir: str | None = None, asynchronous: bool = False):
+    """The official envs: flat float observations, NEXT_STEP autoreset, episode statistics, env 0 filmed into `video_dir`.
+    asynchronous: a process per env (gymnasium's AsyncVectorEnv). The caller resets them with its seed."""
 
-    def make_env(record: bool) -> gym.Env:
-        env = gym.make(gym_id, **limit, **({"render_mode": "rgb_array"} if record else {}))
-        env = gym.wrappers.FlattenObservation(env) if isinstance(env.observation_space, gym.spaces.Dict) else env
-        return RecordEpisodeVideo(env, video_dir) if record else env
+    def make_env(video_dir: str | None) -> gym.Env:
+        limit = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
+        env = gym.make(resolve_env_id(args.env_id), **limit, **({"render_mode": "rgb_array"} if video_dir else {}))
+        if not (isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) == 1):
+            env = gym.wrappers.FlattenObservation(env)  # dm_control's Dict observations
+        return RecordEpisodeVideo(env, video_dir) if video_dir else env
 
-    record = args.capture_video and video_dir is not None
-    thunks = [lambda i=i: make_env(record and i == 0) for i in range(num_envs)]
+    thunks = [lambda v=(video_dir if i == 0 else None): make_env(v) for i in range(num_envs)]
     vector_env = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
-    envs = vector_env(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    envs.reset(seed=seed)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP))
+    envs.action_space.seed(seed)
     return envs
 
 
 # EnvPool ports that are not the official task: under the same random actions (benchmarks/README.md, "EnvPool's
-# ports"), finger's touch sensors read about twice the official values, its hinge spins about 28% slower and
-# finger/spin pays a reward on a quarter as many steps. "auto" trains these on gymnasium.
+# ports"), finger's touch sensors read about twice the official values and finger/spin pays a reward on a quarter as
+# many steps. "auto" trains these on gymnasium.
 ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")
 
 
@@ -907,35 +932,36 @@ def envpool_task_id(gym_id: str) -> str | None:
     except ImportError:
         return None
     if gym_id.startswith("dm_control/"):
-        camel = lambda name: "".join(part[:1].upper() + part[1:] for part in name.split("_"))  # noqa: E731
         domain, task = gym_id[len("dm_control/") : -len("-v0")].split("-")
-        task_id = f"{camel(domain)}{camel(task)}-v1"
-    elif "mujoco" in str(gym.spec(gym_id).entry_point):
-        task_id = gym_id
+        task_id = "".join(part[:1].upper() + part[1:] for part in f"{domain}_{task}".split("_")) + "-v1"
     else:
-        return None
+        task_id = gym_id if "mujoco" in str(gym.spec(gym_id).entry_point) else None
     return task_id if task_id in envpool.list_all_envs() else None
 
 
 def choose_env_backend(args: Args) -> tuple[str, str]:
     """The training envs' backend for --env-backend and one line that says which; a ConfigError where it cannot serve."""
     gym_id = resolve_env_id(args.env_id)
-    if args.env_backend.startswith("gymnasium"):
-        kind = "AsyncVectorEnv" if args.env_backend == "gymnasium-async" else "SyncVectorEnv"
-        return args.env_backend, f"training envs: gymnasium {kind} of {gym_id} (--env-backend {args.env_backend})"
-    task_id = envpool_task_id(gym_id)
-    if task_id in ENVPOOL_DIFFERS and args.env_backend == "auto":
-        why = f"EnvPool's {task_id} differs from the official task; --env-backend envpool uses it anyway"
-        return "gymnasium", f"training envs: gymnasium SyncVectorEnv of {gym_id} ({why})"
-    if task_id is not None:
+    task_id = None if args.env_backend.startswith("gymnasium") else envpool_task_id(gym_id)
+    if task_id is not None and not (task_id in ENVPOOL_DIFFERS and args.env_backend == "auto"):
         differs = " (it differs from the official task)" if task_id in ENVPOOL_DIFFERS else ""
         return "envpool", f"training envs: EnvPool's {task_id}{differs}; evaluation on gymnasium's {gym_id}"
-    installed = importlib.util.find_spec("envpool") is not None
     if args.env_backend == "envpool":
-        todo = "has no port of it" if installed else "is not installed (pip install envpool==1.2.0)"
+        todo = "has no port of it" if importlib.util.find_spec("envpool") else "is not installed (pip install envpool==1.2.0)"
         raise ConfigError(f"--env-backend envpool: EnvPool {todo} for {args.env_id}; use --env-backend gymnasium or auto")
-    why = "EnvPool has no port of it" if installed else "EnvPool is not installed; pip install envpool==1.2.0 for faster envs"
-    return "gymnasium", f"training envs: gymnasium SyncVectorEnv of {gym_id} ({why})"
+    if args.env_backend.startswith("gymnasium"):
+        why = f"--env-backend {args.env_backend}"
+    elif task_id is not None:
+        why = f"EnvPool's {task_id} differs from the official task; --env-backend envpool uses it anyway"
+    elif importlib.util.find_spec("envpool"):
+        why = "EnvPool has no port of it"
+    else:
+        why = "EnvPool is not installed; pip install envpool==1.2.0 for faster envs"
+    kind = "AsyncVectorEnv" if args.env_backend == "gymnasium-async" else "SyncVectorEnv"
+    return (
+        args.env_backend if args.env_backend != "auto" else "gymnasium",
+        f"training envs: gymnasium {kind} of {gym_id} ({why})",
+    )
 
 
 class EnvPoolVectorEnv(gym.vector.VectorEnv):
@@ -986,7 +1012,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
 
 def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.VectorEnv:
     """The training envs of --env-backend ("auto" is resolved here): NEXT_STEP resets and episode statistics on every
-    backend. EnvPool runs --env-threads threads, else `threads` (at most num_envs)."""
+    backend. EnvPool runs --env-threads threads, else `threads` (at most num_envs). The caller resets them."""
     backend = choose_env_backend(args)[0] if args.env_backend == "auto" else args.env_backend
     if backend.startswith("gymnasium"):
         return make_vector_env(args, args.num_envs, seed, asynchronous=backend == "gymnasium-async")
@@ -994,7 +1020,7 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
     with gym.make(gym_id) as official:
         envs = EnvPoolVectorEnv(envpool_task_id(gym_id), official, args.num_envs, num_threads, args.max_episode_steps)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    envs.reset(seed=seed)
+    envs.action_space.seed(seed)
     return envs
 
 
@@ -1032,8 +1058,8 @@ class RunningMeanStd:
 # Evaluation
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
-def evaluate(run: Run, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One episode per eval env with the deterministic action b + s tanh(mean), frozen normalizer; logs ``eval/*``."""
+def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
+    """One episode per eval env with the deterministic action b + s tanh(mean), frozen normalizer; logs `eval/*`."""
     envs = run.eval_envs
     if video_name is not None:
         envs.unwrapped.envs[0].get_wrapper_attr("start")(video_name)
@@ -1049,21 +1075,7 @@ def evaluate(run: Run, video_name: str | None = None) -> tuple[np.ndarray, np.nd
     stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
     for name, value in {**stats, "length_mean": lengths.mean()}.items():
         run.writer.add_scalar(f"eval/{name}", float(value), run.global_step)
-    return returns, lengths
-
-
-def evaluate_checkpoint(run: Run) -> dict:
-    """--eval-only: evaluate the checkpoint's policy once, log it, print one line."""
-    start_time, args = time.time(), run.args
-    try:
-        returns, lengths = evaluate(run, "eval-only" if args.capture_video else None)
-    finally:
-        run.close()
-    mean, std = float(returns.mean()), float(returns.std())
-    episodes = f"{len(returns)} episodes (length {lengths.mean():.1f})"
-    print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {episodes}")
-    summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0, "wall_time": time.time() - start_time}
-    return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
+    return returns
 
 
 # ---------------------------------------------------------------------------------------
@@ -1094,7 +1106,7 @@ def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> 
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
-    """``<script>_<kind>.pt`` with the run's state at ``run.global_step``; atomic: a temporary file renamed over it."""
+    """`<script>_<kind>.pt` with the run's state at `run.global_step`; atomic: a temporary file renamed over it."""
     path = run.path(kind)
     ckpt = {
         "algo": SCRIPT,
@@ -1102,10 +1114,13 @@ def save_checkpoint(run: Run, kind: str) -> None:
         "rng": rng_state(run.device),
         "device": run.device.type,
         "eval_return": run.last_eval,
+        "global_step": run.global_step,
+        "iteration": run.iteration,
+        "agent": run.agent.state_dict(),
+        "duals": run.duals.state_dict(),
+        "optimizers": {name: optimizer.state_dict() for name, optimizer in run.optimizers.items()},
+        "obs_rms": run.obs_rms.state_dict(),
     }
-    ckpt.update(agent=run.agent.state_dict(), duals=run.duals.state_dict(), global_step=run.global_step)
-    ckpt.update(optimizers={k: opt.state_dict() for k, opt in run.optimizers.items()}, iteration=run.iteration)
-    ckpt["obs_rms"] = run.obs_rms.state_dict()
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 
@@ -1136,76 +1151,50 @@ def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
     return dataclasses.replace(args, **{k: v for k, v in saved.items() if k in Args.__dataclass_fields__})
 
 
-def policy_from_checkpoint(ckpt: dict, device: torch.device) -> tuple[Agent, RunningMeanStd]:
-    """The saved agent and observation normalizer, built with the checkpoint's own arguments."""
-    args = args_with_checkpoint(Args(), ckpt)
-    envs = make_vector_env(args, 1, 0)  # for the spaces only
-    agent = Agent(envs.single_observation_space, envs.single_action_space, args).to(device)
-    envs.close()
-    agent.load_state_dict(ckpt["agent"])
-    obs_rms = RunningMeanStd(ckpt["obs_rms"]["mean"].shape, args.norm_obs)
-    obs_rms.load_state_dict(ckpt["obs_rms"])
-    return agent, obs_rms
-
-
 # ---------------------------------------------------------------------------------------
 # Argument checks
 # ---------------------------------------------------------------------------------------
 def check_args(args: Args, gl_backend: str | None) -> None:
-    """Validate everything cheap to validate; raise ConfigError with one clear line."""
-    if not 0.0 < args.topk_fraction <= 1.0:
-        raise ConfigError(f"--topk-fraction must be in (0, 1], got {args.topk_fraction}")
-    positive = ("epsilon_eta", "epsilon_mu", "epsilon_sigma", "temperature_init", "alpha_init", "policy_lr", "value_lr")
-    for name in (*positive, "temperature_lr", "alpha_lr", "max_grad_norm"):
-        if not getattr(args, name) > 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    if not 0.0 < args.m_step_clip < 1.0:
-        raise ConfigError(f"--m-step-clip must be in (0, 1), got {args.m_step_clip}")
-    if not 0.0 <= args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0:
-        raise ConfigError(f"--gamma and --gae-lambda must be in [0, 1], got {args.gamma} and {args.gae_lambda}")
-    for name in ("torch_threads", "env_threads"):
-        if getattr(args, name) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (0: the default), got {getattr(args, name)}")
+    """Reject impossible settings with one line, before any heavy work."""
+
+    def require(ok: bool, flag: str, accepted: str) -> None:
+        if not ok:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be {accepted}, got {getattr(args, flag)}")
+
+    for name in ("epsilon_eta", "epsilon_mu", "epsilon_sigma", "temperature_init", "alpha_init", "policy_lr", "value_lr"):
+        require(getattr(args, name) > 0, name, "> 0")
+    for name in ("temperature_lr", "alpha_lr", "max_grad_norm"):
+        require(getattr(args, name) > 0, name, "> 0")
     for name in ("num_envs", "num_steps", "m_steps", "num_minibatches", "eval_episodes"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if (args.num_envs * args.num_steps) % args.num_minibatches:
-        raise ConfigError(
-            f"--num-minibatches {args.num_minibatches} must divide the rollout of {args.num_envs * args.num_steps}"
-        )
-    if args.eval_interval < 0:
-        raise ConfigError(f"--eval-interval must be >= 0 (0 = only the final evaluation), got {args.eval_interval}")
+        require(getattr(args, name) >= 1, name, ">= 1")
+    for name in ("torch_threads", "env_threads", "eval_interval"):
+        require(getattr(args, name) >= 0, name, ">= 0 (0: the default)")
+    for name in ("gamma", "gae_lambda"):
+        require(0.0 <= getattr(args, name) <= 1.0, name, "in [0, 1]")
+    require(0.0 < args.topk_fraction <= 1.0, "topk_fraction", "in (0, 1]")
+    require(0.0 < args.m_step_clip < 1.0, "m_step_clip", "in (0, 1)")
+    require(args.max_episode_steps is None or args.max_episode_steps >= 1, "max_episode_steps", ">= 1")
+    require(args.log_std_min < args.log_std_max, "log_std_min", f"< --log-std-max ({args.log_std_max})")
+    sizes = args.policy_hidden_sizes + args.value_hidden_sizes
+    require(min(sizes, default=1) >= 1, "policy_hidden_sizes", "positive integers, as --value-hidden-sizes")
     batch = args.num_envs * args.num_steps
-    if not args.eval_only and args.total_timesteps < batch:
-        raise ConfigError(f"--total-timesteps ({args.total_timesteps}) must be >= num_envs * num_steps ({batch}), one rollout")
-    if int(args.topk_fraction * batch) < 1:
-        raise ConfigError(f"topk_fraction * num_envs * num_steps = {args.topk_fraction * batch:g} selects no sample")
-    if any(h < 1 for h in args.policy_hidden_sizes + args.value_hidden_sizes):
-        raise ConfigError("hidden sizes must be positive integers")
-    if not args.log_std_min < args.log_std_max:
-        raise ConfigError(f"--log-std-min ({args.log_std_min}) must be < --log-std-max ({args.log_std_max})")
-    if args.max_episode_steps is not None and args.max_episode_steps < 1:
-        raise ConfigError(f"--max-episode-steps must be >= 1, got {args.max_episode_steps}")
+    require(batch % args.num_minibatches == 0, "num_minibatches", f"a divisor of the rollout of {batch}")
+    require(args.eval_only or args.total_timesteps >= batch, "total_timesteps", f">= num_envs * num_steps ({batch})")
+    require(int(args.topk_fraction * batch) >= 1, "topk_fraction", ">= 1 / (num_envs * num_steps) to select a sample")
     check_env(args.env_id)
     if args.capture_video:
-        check_video(args.env_id, resolve_env_id(args.env_id), gl_backend)
+        check_video(args.env_id, gl_backend)
     check_output_dir(args.output_dir)
 
 
 def check_env(env_id: str) -> None:
-    gym_id = resolve_env_id(env_id)
-    try:
-        env = gym.make(gym_id)
-    except gym.error.Error as e:
-        raise ConfigError(
-            f"unknown env id {env_id!r} ({type(e).__name__}: {e}); accepted: any gymnasium id, "
-            f"{DM_CONTROL_FORMS}, or a probe id"
-        ) from None
-    space = env.action_space
-    env.close()
+    """The env id resolves and has a bounded Box action space (one env is built and closed)."""
+    with gym.make(resolve_env_id(env_id)) as env:
+        space = env.action_space
+    if isinstance(space, gym.spaces.Discrete):
+        raise ConfigError(f"{env_id} has a Discrete action space; {SCRIPT}.py needs Box actions: use ppo_discrete.py")
     if not isinstance(space, gym.spaces.Box):
-        hint = " (use ppo_discrete.py)" if isinstance(space, gym.spaces.Discrete) else ""
-        raise ConfigError(f"{env_id!r} has a {type(space).__name__} action space; {SCRIPT}.py needs a Box one{hint}")
+        raise ConfigError(f"{env_id} has a {type(space).__name__} action space; {SCRIPT}.py needs a Box action space")
     if not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
         raise ConfigError(f"{env_id!r} has unbounded actions {space}; the tanh-squashed policy needs finite bounds")
 

@@ -186,15 +186,15 @@ def test_short_episodes_on_envpool_train_no_reset_step_and_bootstrap_from_the_fi
         rollout = module.Rollout.empty(16, envs, torch.device("cpu"))
         obs_rms = module.RunningMeanStd(envs.single_observation_space.shape, enabled=False)
         module.collect_rollout(agent, envs, obs_rms, torch.as_tensor(obs_rms.normalize(obs)), rollout)
-        reset_rows, observations, actions = 1 - rollout.restarting.numpy(), rollout.obs.numpy(), rollout.actions.numpy()
+        reset_rows, observations, actions = rollout.resets.numpy(), rollout.obs.numpy(), rollout.actions.numpy()
         # The values, computed in one pass after the rollout, are V of each row's observation, one env step at a time;
         # train() bootstraps row t from row t + 1, so at a truncation from the real final observation (row 5).
         with torch.no_grad():
             torch.testing.assert_close(rollout.values, torch.stack([agent(row)[2] for row in rollout.obs]))
         # The E-step never selects a reset step, whatever its advantage.
-        advantages = torch.where(rollout.restarting > 0, -1.0, 100.0).flatten()
-        selected = module.e_step(advantages, rollout.restarting.flatten(), torch.tensor(1.0), 1.0, 0.1)["selected_weights"]
-        assert float(selected[rollout.restarting.flatten() == 0].sum()) == 0.0
+        advantages = torch.where(rollout.resets == 0, -1.0, 100.0).flatten()
+        selected = module.e_step(advantages, 1.0 - rollout.resets.flatten(), torch.tensor(1.0), 1.0, 0.1)["selected_weights"]
+        assert float(selected[rollout.resets.flatten() == 1].sum()) == 0.0
     envs.close()
     expected_resets = np.zeros((16, 2))
     expected_resets[[5, 11]] = 1

@@ -37,6 +37,13 @@ TINY = [
 ]
 
 
+def saved_policy(path: str, tmp_path) -> tuple:
+    """The agent and observation normalizer of a checkpoint, loaded the way --eval-only loads them."""
+    run = V.set_up(V.Args(eval_only=True, checkpoint=path, output_dir=str(tmp_path / "loaded"), cuda=False))
+    run.close()
+    return run.agent, run.obs_rms
+
+
 def tiny_args(**overrides) -> V.Args:
     kw = dict(
         env_id=WALKER,
@@ -192,12 +199,12 @@ def loop_likelihood_loss(m_step, psi, psi_minus, log_prob, log_ratio, clip):
             total -= psi[t] * min(log_ratio[t], math.log(1.0 + clip))
         else:
             total -= psi[t] * log_prob[t]
-        if m_step in ("push", "clip"):
+        if m_step == "clip":
             total += psi_minus[t] * max(log_ratio[t], math.log(1.0 - clip))
     return total
 
 
-@pytest.mark.parametrize("m_step", ["seed", "push", "clip"])
+@pytest.mark.parametrize("m_step", ["seed", "clip"])
 def test_m_step_likelihood_loss_matches_loop_and_stops_at_the_clip(m_step):
     rng = np.random.default_rng(8)
     n, clip = 300, 0.2
@@ -212,13 +219,16 @@ def test_m_step_likelihood_loss_matches_loop_and_stops_at_the_clip(m_step):
     log_old = torch.tensor(rng.normal(size=n) - 1.0)
     log_ratio = torch.tensor(rng.normal(scale=0.4, size=n), requires_grad=True)  # many samples beyond 1 +- clip
     log_prob = log_old + log_ratio
-    loss = V.m_step_policy_loss(m_step, psi, psi_minus, log_prob, log_ratio, clip)
+    if m_step == "clip":
+        loss = V.clipped_likelihood_loss(psi, psi_minus, log_ratio, clip)
+    else:
+        loss = V.nll_loss(psi, log_prob)
     expected = loop_likelihood_loss(m_step, psi.tolist(), psi_minus.tolist(), log_prob.tolist(), log_ratio.tolist(), clip)
     np.testing.assert_allclose(float(loss.detach()), expected, rtol=1e-12)
     loss.backward()
     grad, lr = log_ratio.grad.numpy(), log_ratio.detach().numpy()
     pull = -psi.numpy() if m_step != "clip" else np.where(lr < math.log(1 + clip), -psi.numpy(), 0.0)
-    push = np.where(lr > math.log(1 - clip), psi_minus.numpy(), 0.0) if m_step != "seed" else 0.0
+    push = np.where(lr > math.log(1 - clip), psi_minus.numpy(), 0.0) if m_step == "clip" else 0.0
     np.testing.assert_allclose(grad, pull + push, rtol=1e-12, atol=1e-15)
 
 
@@ -251,12 +261,12 @@ def synthetic_update(mean_offset: float, log_std_offset: float, temperature_init
         "log_stds": log_std + log_std_offset,
         "advantages": torch.randn(256),
         "returns": torch.randn(256),
-        "restarting": (torch.rand(256) > 0.1).float(),
+        "resets": (torch.rand(256) <= 0.1).float(),
     }
     before = [float(x.detach()) for x in (duals.temperature(), *duals.alphas())]
     # The temperature's dual gradient at the start, from the numpy transcription.
-    adv = V.normalize_advantages(batch["advantages"], batch["restarting"]).double().numpy()
-    restart = batch["restarting"].double().numpy()
+    adv = V.normalize_advantages(batch["advantages"], 1.0 - batch["resets"]).double().numpy()
+    restart = 1.0 - batch["resets"].double().numpy()
     h = 1e-5
     grad = (
         numpy_e_step(adv, restart, before[0] + h, args.topk_fraction, args.epsilon_eta)[3]
@@ -291,7 +301,7 @@ def test_fused_adam_update_matches_the_reference_adam():
         with torch.no_grad():
             mean, log_std, _ = agent(obs)
         batch = {"obs": obs, "actions": torch.rand(256, 2) * 1.8 - 0.9, "means": mean, "log_stds": log_std}
-        batch |= {"advantages": torch.randn(256), "returns": torch.randn(256), "restarting": torch.ones(256)}
+        batch |= {"advantages": torch.randn(256), "returns": torch.randn(256), "resets": torch.zeros(256)}
         params = [*agent.parameters(), *duals.parameters()]
         before = torch.cat([p.detach().flatten() for p in params])
         V.vmpo_update(agent, duals, optimizers, batch, args)
@@ -347,7 +357,7 @@ def test_the_acting_copy_synced_after_an_update_collects_the_trained_agents_roll
     acting_agent.load_state_dict(agent.state_dict())
     synced = rollout_of(acting_agent)
     envs.close()
-    for field in ("obs", "actions", "means", "log_stds", "values", "rewards", "restarting"):
+    for field in ("obs", "actions", "means", "log_stds", "values", "rewards", "resets"):
         assert torch.equal(getattr(synced, field), getattr(trained, field)), field
 
 
@@ -357,7 +367,7 @@ def test_temperature_follows_its_dual_gradient(temperature_init):
     assert grad != 0 and np.sign(after[0] - before[0]) == -np.sign(grad)
 
 
-@pytest.mark.parametrize("m_step,num_minibatches", [("seed", 1), ("push", 1), ("clip", 1), ("clip", 8)])
+@pytest.mark.parametrize("m_step,num_minibatches", [("seed", 1), ("clip", 1), ("clip", 8)])
 def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_step, num_minibatches):
     """E-step and M-step together: with advantages -(u - u*(s))^2 of a known per-state optimum,
     a few on-policy updates with the default hyperparameters bring the Gaussian mean to u*(s)."""
@@ -382,7 +392,7 @@ def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_ste
             "log_stds": log_std,
             "returns": advantages,
             "advantages": advantages,
-            "restarting": torch.ones(len(obs)),
+            "resets": torch.zeros(len(obs)),
         }
         V.vmpo_update(agent, duals, optimizers, batch, args)
     with torch.no_grad():
@@ -406,13 +416,11 @@ def test_minibatch_m_steps_see_every_sample_once_per_pass_with_weights_scaled_to
     u = mean + log_std.exp() * torch.randn_like(mean)
     advantages = torch.randn(n_samples)
     batch = {"obs": obs, "actions": agent.squash(u), "means": mean, "log_stds": log_std, "returns": advantages}
-    batch.update(advantages=advantages, restarting=torch.ones(n_samples))
+    batch.update(advantages=advantages, resets=torch.zeros(n_samples))
     seen, weight_sums = [], []
-    forward, loss = agent.forward, V.m_step_policy_loss
+    forward, loss = agent.forward, V.clipped_likelihood_loss
     monkeypatch.setattr(agent, "forward", lambda x: (seen.append(x[:, 0].long().tolist()), forward(x))[1])
-    monkeypatch.setattr(
-        V, "m_step_policy_loss", lambda m, w, *rest: (weight_sums.append(float(w.sum())), loss(m, w, *rest))[1]
-    )
+    monkeypatch.setattr(V, "clipped_likelihood_loss", lambda w, *rest: (weight_sums.append(float(w.sum())), loss(w, *rest))[1])
     V.vmpo_update(agent, duals, V.build_optimizers(agent, duals, args), batch, args)
     assert len(seen) == 2 * k and all(len(ids) == n_samples // k for ids in seen)
     first, second = sum(seen[:k], []), sum(seen[k:], [])
@@ -478,7 +486,7 @@ def test_targets_match_brute_force(estimator):
     r, v, nv, term, trunc = random_rollout()
     gamma, lam = 0.9, 0.8
     lam_used = V.ESTIMATOR_LAMBDA.get(estimator, lam)
-    adv, ret = V.compute_targets(r, v, nv, term, trunc, gamma, lam_used)
+    adv, ret = V.compute_gae(r, v, nv, term, trunc, gamma, lam_used)
     if estimator == "returns":
         expected_ret = brute_returns(r, v, nv, term, trunc, gamma)
         expected_adv = expected_ret - v.double()
@@ -543,8 +551,7 @@ def test_probe_is_learned(probe, m_step, tmp_path):
         cuda=False,
     )
     out = V.train(args)
-    ckpt = V.load_checkpoint(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), "--checkpoint")
-    agent, obs_rms = V.policy_from_checkpoint(ckpt, torch.device("cpu"))
+    agent, obs_rms = saved_policy(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), tmp_path)
     normed = lambda o: torch.as_tensor(obs_rms.normalize(np.asarray(o, np.float64)))  # noqa: E731
 
     def value_fn(o):
@@ -588,8 +595,8 @@ EXPECTED_TAGS = [
     "eval/return_min",
     "eval/return_max",
     "eval/length_mean",
-    "kl/mean",
-    "kl/std",
+    "kl/mu",
+    "kl/sigma",
     "vmpo/temperature",
     "vmpo/alpha_mu",
     "vmpo/alpha_sigma",
@@ -630,9 +637,7 @@ def test_cli_walker_smoke_checkpoint_eval_only_video_and_wandb(tmp_path):
         assert set(ckpt["optimizers"]) == {"model", "temperature", "alpha"}
     ckpt = torch.load(run_dir / "vmpo_continuous_last.pt", weights_only=True)
     assert ckpt["global_step"] == 128 and ckpt["args"]["env_id"] == WALKER
-    agent, obs_rms = V.policy_from_checkpoint(
-        V.load_checkpoint(str(run_dir / "vmpo_continuous_last.pt"), "--checkpoint"), torch.device("cpu")
-    )
+    agent, obs_rms = saved_policy(str(run_dir / "vmpo_continuous_last.pt"), tmp_path)
     np.testing.assert_array_equal(obs_rms.mean, ckpt["obs_rms"]["mean"].numpy())
     assert obs_rms.count > 100 and not np.allclose(obs_rms.mean, 0.0)  # really the trained statistics
 
@@ -697,7 +702,7 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
         (dict(env_id="CartPole-v1"), r"Discrete action space.*ppo_discrete\.py"),
         (
             dict(env_id="dm_control/walker"),
-            r"malformed dm_control env id 'dm_control/walker'; accepted forms: 'dm_control/<domain>/<task>'",
+            r"malformed dm_control id 'dm_control/walker'; accepted forms: dm_control/<domain>/<task>",
         ),
         (dict(env_id="dm_control/walkr/walk"), r"unknown dm_control domain 'walkr'.*valid domains: .*walker"),
         (
@@ -705,16 +710,19 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
             r"unknown task 'jog' for dm_control domain 'walker'; valid tasks: run, stand, walk",
         ),
         (dict(env_id="NoSuchEnv-v9"), r"unknown env id 'NoSuchEnv-v9'"),
-        (dict(num_minibatches=3), r"--num-minibatches 3 must divide the rollout of"),
+        (dict(num_minibatches=3), r"--num-minibatches must be a divisor of the rollout of 64, got 3"),
         (dict(num_minibatches=0), r"--num-minibatches must be >= 1, got 0"),
         (dict(topk_fraction=0.0), r"--topk-fraction must be in \(0, 1\], got 0.0"),
         (dict(topk_fraction=1.5), r"--topk-fraction must be in \(0, 1\], got 1.5"),
         (dict(epsilon_eta=0.0), r"--epsilon-eta must be > 0"),
         (dict(epsilon_mu=-0.1), r"--epsilon-mu must be > 0"),
         (dict(epsilon_sigma=0.0), r"--epsilon-sigma must be > 0"),
-        (dict(total_timesteps=10), r"--total-timesteps \(10\) must be >= num_envs \* num_steps \(64\)"),
+        (dict(total_timesteps=10), r"--total-timesteps must be >= num_envs \* num_steps \(64\), got 10"),
         (dict(m_step_clip=1.0), r"--m-step-clip must be in \(0, 1\), got 1.0"),
-        (dict(num_envs=1, num_steps=1, total_timesteps=1, topk_fraction=0.5, num_minibatches=1), r"selects no sample"),
+        (
+            dict(num_envs=1, num_steps=1, total_timesteps=1, topk_fraction=0.5, num_minibatches=1),
+            r"--topk-fraction must be >= 1 / \(num_envs \* num_steps\) to select a sample, got 0.5",
+        ),
         (dict(num_envs=0), r"--num-envs must be >= 1"),
         (dict(eval_only=True), r"--eval-only needs --checkpoint"),
         (dict(resume="/nonexistent.pt"), r"--resume '/nonexistent.pt': no such file"),
