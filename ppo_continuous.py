@@ -29,9 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: threads only slow RolloutPolicy's tiny products
 import gymnasium as gym
-import imageio
 import numpy as np
 import torch
 import torch.nn as nn
@@ -44,9 +42,7 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Args:
-    """Console: on a terminal, one progress line updated in place (step/total, %, SPS, ETA, the mean return of the last 20
-    training episodes, '-' until one ends, and the last evaluation's return); in a file or a pipe, that line every 5% of
-    the run. The same seed gives the same run for the same update thread count (see --torch-threads)."""
+    """PPO with a diagonal Gaussian policy for continuous actions, in one file."""
 
     exp_name: str = "ppo_continuous"
     """the name of this experiment (part of the run name)"""
@@ -85,8 +81,8 @@ class Args:
     """learning rate of the optimizer (annealed linearly to 0 with --anneal-lr)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
-    optimizer: str = "adam"
-    """optimizer: `adam` (eps 1e-5) or `sgd` (with --sgd-momentum)"""
+    optimizer: Literal["adam", "sgd"] = "adam"
+    """optimizer: adam (eps 1e-5), or sgd (with --sgd-momentum) to compare with trainers that used plain SGD"""
     sgd_momentum: float = 0.9
     """momentum of the `sgd` optimizer"""
     num_minibatches: int = 8
@@ -98,9 +94,10 @@ class Args:
     clip_coef: float = 0.2
     """surrogate clipping coefficient epsilon (also the value clipping range with --clip-vloss)"""
     clip_vloss: bool = False
-    """clip the value loss around the rollout's value predictions"""
+    """clip the value loss around the rollout's value predictions (the PPO2 code's variant: it slows how fast the value
+    can follow returns that jump, e.g. after a change of reward scale)"""
     ent_coef: float = 0.0
-    """entropy bonus coefficient"""
+    """entropy bonus coefficient (> 0 slows the std's collapse, at the price of a noisier final policy)"""
     vf_coef: float = 0.5
     """value loss coefficient"""
     max_grad_norm: float = 0.5
@@ -110,14 +107,15 @@ class Args:
     torch_threads: int = 0
     """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); the rollout acts in numpy"""
     target_kl: float | None = None
-    """stop the update's epochs early once an epoch's mean approximate KL exceeds this"""
+    """stop the update's epochs early once an epoch's mean approximate KL exceeds this (e.g. 0.02: smaller, safer steps
+    where updates overshoot)"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer sizes of the policy-mean MLP"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of the value MLP"""
     init_log_std: float = 0.0
     """initial log standard deviation of the Gaussian policy (0: std 1 on actions in [-1, 1], so about a third of the
-    first actions land on the bounds once clipped: the exploration sparse tasks such as finger/spin need)"""
+    first actions land on the bounds once clipped)"""
     norm_obs: bool = True
     """normalize observations by one running mean/std shared by all training envs (clipped to [-10, 10])"""
     reward_scaling: bool = True
@@ -150,9 +148,9 @@ class TrainingDiverged(RuntimeError):
 # ---------------------------------------------------------------------------------------
 # Network
 # ---------------------------------------------------------------------------------------
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2.0)) -> nn.Linear:
+def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, 0.0)
+    nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
@@ -211,8 +209,20 @@ class Rollout:
 
     @classmethod
     def empty(cls, num_steps: int, envs: gym.vector.VectorEnv) -> Rollout:
-        shapes = [envs.single_observation_space.shape, envs.single_action_space.shape] + [()] * 7
-        return cls(*(np.zeros((num_steps, envs.num_envs, *shape), np.float32) for shape in shapes))
+        def zeros(*shape: int) -> np.ndarray:
+            return np.zeros((num_steps, envs.num_envs, *shape), np.float32)
+
+        return cls(
+            obs=zeros(*envs.single_observation_space.shape),
+            actions=zeros(*envs.single_action_space.shape),
+            logprobs=zeros(),
+            rewards=zeros(),
+            values=zeros(),
+            next_values=zeros(),
+            terminated=zeros(),
+            truncated=zeros(),
+            resets=zeros(),
+        )
 
 
 class RolloutPolicy:
@@ -247,25 +257,24 @@ class RolloutPolicy:
 
 
 def collect_rollout(policy: RolloutPolicy, envs, obs: np.ndarray, obs_rms, scale_reward, rollout: Rollout) -> tuple:
-    """Fill `rollout`, updating `obs_rms`; return the next observation and the ended episodes' returns, lengths."""
-    (low, high), returns, lengths = (envs.single_action_space.low, envs.single_action_space.high), [], []
+    """Fill `rollout`, updating `obs_rms`; return the next observation and the finished episodes (env steps into the
+    rollout, return, length)."""
+    (low, high), episodes = (envs.single_action_space.low, envs.single_action_space.high), []
     # Row 0 follows the previous rollout's last row (all zeros before the first rollout).
     prev_done = rollout.terminated[-1] + rollout.truncated[-1] > 0
     for t in range(len(rollout.obs)):
         rollout.obs[t], rollout.resets[t] = obs, prev_done  # after an episode end: a reset step
         rollout.actions[t], rollout.logprobs[t], rollout.values[t] = policy.act(obs)
         raw_obs, reward, terminated, truncated, infos = envs.step(np.clip(rollout.actions[t], low, high))
-        if obs_rms is not None:
-            obs_rms.update(raw_obs)
-        obs, done = normalize(raw_obs, obs_rms), terminated | truncated
+        obs_rms.update(raw_obs)
+        obs, done = obs_rms.normalize(raw_obs), terminated | truncated
         rollout.rewards[t], rollout.terminated[t], rollout.truncated[t] = scale_reward(reward, done), terminated, truncated
         prev_done = done
-        if "_episode" in infos:  # the statistics of the episodes that ended at this step
-            ended, episode = infos["_episode"], infos["episode"]
-            returns, lengths = returns + episode["r"][ended].tolist(), lengths + episode["l"][ended].tolist()
+        for i in np.flatnonzero(infos.get("_episode", [])):  # the statistics of the episodes that ended at this step
+            episodes.append(((t + 1) * envs.num_envs, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
     # Row t+1 holds s_{t+1}, the real final observation where an episode ended at t: its value bootstraps a truncation.
     rollout.next_values[:] = np.concatenate([rollout.values[1:], policy.value(obs)[None]])
-    return obs, returns, lengths
+    return obs, episodes
 
 
 # ---------------------------------------------------------------------------------------
@@ -294,9 +303,10 @@ def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
-    var_returns = returns.var(unbiased=False).item()
-    # LaTeX: \mathrm{EV} = 1 - \frac{\operatorname{Var}[\hat{R} - V]}{\operatorname{Var}[\hat{R}]}
-    return float("nan") if var_returns == 0 else 1.0 - (returns - values).var(unbiased=False).item() / var_returns
+    """1 - Var[R - V] / Var[R] with population variances; NaN where the returns do not vary."""
+    var_returns = returns.var(unbiased=False)
+    # LaTeX: \mathrm{EV} = 1 - \frac{\operatorname{Var}[\hat{R}_t - V(s_t)]}{\operatorname{Var}[\hat{R}_t]}
+    return float("nan") if var_returns == 0 else float(1.0 - (returns - values).var(unbiased=False) / var_returns)
 
 
 # ---------------------------------------------------------------------------------------
@@ -365,13 +375,10 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
         if args.target_kl is not None and approx_kl(torch.cat(logratios[-args.num_minibatches :]))[1] > args.target_kl:
             break  # this epoch's mean KL estimate is past the target
     # Checked once after the update, not per minibatch: a check reads the value back, which on a GPU waits for the queue.
-    stacked = torch.stack(losses)
-    if not torch.isfinite(stacked).all():
-        policy, value = stacked[~torch.isfinite(stacked).all(1)][0, :2].tolist()
-        raise TrainingDiverged(f"non-finite loss (policy {policy}, value {value})")
-    if not all(torch.isfinite(p).all() for p in agent.parameters()):
-        raise TrainingDiverged("non-finite weights")  # a finite loss with an inf gradient; the last good checkpoint stays
-    stats = dict(zip(("policy_loss", "value_loss", "entropy"), stacked.mean(0).tolist(), strict=True))
+    stats = dict(zip(("policy_loss", "value_loss", "entropy"), torch.stack(losses).mean(0).tolist(), strict=True))
+    bad = [name for name, value in stats.items() if not math.isfinite(value)]
+    if bad or not all(torch.isfinite(p).all() for p in agent.parameters()):  # an inf gradient can leave the loss finite
+        raise TrainingDiverged(f"non-finite {', '.join(bad) or 'parameters'}")
     old_kl, kl = approx_kl(torch.cat(logratios))
     clipfrac = (torch.cat(logratios).exp().sub(1.0).abs() > args.clip_coef).float().mean()
     return {**stats, "old_approx_kl": old_kl.item(), "approx_kl": kl.item(), "clipfrac": clipfrac.item(), "epochs": epoch}
@@ -393,7 +400,7 @@ class Run:
     agent: Agent
     optimizer: torch.optim.Optimizer
     reward_scaler: RewardScaler
-    obs_rms: RunningMeanStd | None
+    obs_rms: RunningMeanStd
     threads: int = 1  # CPU threads of the update
     global_step: int = 0
     iteration: int = 0
@@ -437,7 +444,6 @@ def set_up(args: Args) -> Run:
         nothing = f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's step"
         raise ConfigError(f"{nothing} {source['global_step']}; pass a larger total to continue")
     check_args(args, gl_backend)
-    check_output_dir(args.output_dir)
     if not args.eval_only:  # the checkpoint records the resolved backend, so --resume keeps it
         backend, note = choose_env_backend(args)
         print(note)
@@ -469,13 +475,12 @@ def set_up(args: Args) -> Run:
     obs_dim, act_dim = eval_envs.single_observation_space.shape[0], eval_envs.single_action_space.shape[0]
     with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
         agent = Agent(obs_dim, act_dim, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std).to(device)
-    obs_rms = RunningMeanStd((obs_dim,)) if args.norm_obs else None
+    obs_rms = RunningMeanStd((obs_dim,), args.norm_obs)
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
     run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), scaler, obs_rms, threads)
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
         run.agent.load_state_dict(source["agent"])
-        if source["obs_rms"] is not None:
-            run.obs_rms.load_state_dict(source["obs_rms"])
+        run.obs_rms.load_state_dict(source["obs_rms"])
         run.global_step = source["global_step"]
         if args.resume:
             run.optimizer.load_state_dict(source["optimizer"])
@@ -487,17 +492,29 @@ def set_up(args: Args) -> Run:
 
 def train(args: Args) -> dict:
     run = set_up(args)
-    if args.eval_only:
-        return evaluate_checkpoint(run)
+    start_time = time.time()
+    if args.eval_only:  # evaluate the checkpoint's policy once, log it, print one line
+        try:
+            eval_returns = evaluate(run, "eval-only" if args.capture_video else None)
+        finally:
+            run.close()
+        mean, std = float(eval_returns.mean()), float(eval_returns.std())
+        print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
+        summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0}
+        return summary | {
+            "wall_time": time.time() - start_time,
+            "final_eval_return": mean,
+            "final_eval_std": std,
+            "best_eval_return": mean,
+        }
     args, agent, optimizer, writer = run.args, run.agent, run.optimizer, run.writer
     batch_size = args.num_envs * args.num_steps
     # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
     num_iterations = args.total_timesteps // batch_size
     rollout = Rollout.empty(args.num_steps, run.envs)
     raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
-    if run.obs_rms is not None and run.iteration == 0:  # resuming: new episodes must not move the restored statistics
-        run.obs_rms.update(raw_obs)
-    obs = normalize(raw_obs, run.obs_rms)
+    run.obs_rms.update(raw_obs)
+    obs = run.obs_rms.normalize(raw_obs)
     final_step = num_iterations * batch_size
     if run.iteration > 0:
         print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; ", end="")
@@ -506,7 +523,7 @@ def train(args: Args) -> dict:
         rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
         print(f"training to step {final_step}: {rounded}")
     recent_returns = deque(maxlen=20)
-    start_time, train_time, trained_steps = time.time(), 0.0, 0
+    train_time, trained_steps = 0.0, 0
     # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
     save_checkpoint(run, "last")
     try:
@@ -518,11 +535,11 @@ def train(args: Args) -> dict:
 
             # ---- collect a rollout with the current policy
             policy = RolloutPolicy(agent)  # a numpy snapshot of the weights after the last update
-            obs, ep_returns, ep_lengths = collect_rollout(policy, run.envs, obs, run.obs_rms, run.reward_scaler, rollout)
-            if ep_returns:  # one point per rollout: tiny-episode envs would otherwise flood the log
-                recent_returns.extend(ep_returns)
-                writer.add_scalar("charts/episodic_return", np.mean(ep_returns), run.global_step + batch_size)
-                writer.add_scalar("charts/episodic_length", np.mean(ep_lengths), run.global_step + batch_size)
+            obs, episodes = collect_rollout(policy, run.envs, obs, run.obs_rms, run.reward_scaler, rollout)
+            for offset, episode_return, episode_length in episodes:
+                recent_returns.append(episode_return)
+                writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
+                writer.add_scalar("charts/episodic_length", episode_length, run.global_step + offset)
 
             # ---- advantages and value targets
             data = {k: torch.as_tensor(v, device=run.device) for k, v in vars(rollout).items()}
@@ -554,7 +571,7 @@ def train(args: Args) -> dict:
             # ---- evaluate and save: every eval_interval steps, and at the end
             every, last = args.eval_interval, iteration == num_iterations
             if last or (every > 0 and run.global_step // every > (run.global_step - batch_size) // every):
-                eval_returns, _ = evaluate(run, f"eval-step-{run.global_step}" if args.capture_video else None)
+                eval_returns = evaluate(run, f"eval-step-{run.global_step}" if args.capture_video else None)
                 run.last_eval = float(eval_returns.mean())
                 save_checkpoint(run, "last")
                 if run.last_eval >= run.best_eval:
@@ -593,13 +610,13 @@ def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> N
 # Environments
 # ---------------------------------------------------------------------------------------
 DM_CONTROL_FORMS = "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0 (e.g. dm_control/walker/walk)"
-# Headless MuJoCo rendering: each MUJOCO_GL backend and the shared library it loads, in order of preference.
-GL_BACKENDS = (("egl", ("libEGL.so.1",)), ("osmesa", ("libOSMesa.so.8", "libOSMesa.so.6", "libOSMesa.so")))
-GL_PACKAGES = "Mesa's EGL (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0) or OSMesa (apt-get install libosmesa6)"
 
 
 def resolve_env_id(env_id: str) -> str:
-    """Map `dm_control/<domain>/<task>` to shimmy's `dm_control/<domain>-<task>-v0`; check it exists."""
+    """The gymnasium id of an accepted env id; any other id is a ConfigError that says what is accepted."""
+    if env_id.startswith("Probe"):
+        with contextlib.suppress(ImportError):  # probe_envs.py registers the probe ids; a copied script may lack it
+            import probe_envs  # noqa: F401
     if env_id.startswith("dm_control/"):
         import shimmy  # registers the dm_control/* ids with gymnasium
         from dm_control import suite
@@ -613,23 +630,23 @@ def resolve_env_id(env_id: str) -> str:
             domains = ", ".join(sorted(suite.TASKS_BY_DOMAIN))
             raise ConfigError(f"unknown dm_control domain {domain!r} in {env_id!r}; valid domains: {domains}")
         if task not in suite.TASKS_BY_DOMAIN[domain]:
-            tasks = ", ".join(suite.TASKS_BY_DOMAIN[domain])
+            tasks = ", ".join(sorted(suite.TASKS_BY_DOMAIN[domain]))
             raise ConfigError(f"unknown task {task!r} for dm_control domain {domain!r}; valid tasks: {tasks}")
         return f"dm_control/{domain}-{task}-v0"
-    if env_id.startswith("Probe"):
-        import probe_envs  # noqa: F401  (registers the probe ids; only needed for them)
     if env_id not in gym.registry:
-        accepted = f"a registered gymnasium id, {DM_CONTROL_FORMS}, or Probe<1-5>Continuous-v0"
-        raise ConfigError(f"unknown env id {env_id!r}; accepted: {accepted}")
+        raise ConfigError(f"unknown env id {env_id!r}; accepted: a registered gymnasium id, {DM_CONTROL_FORMS}, or a probe id")
     return env_id
+
+
+# Headless MuJoCo rendering: each MUJOCO_GL backend and the shared library it loads, in order of preference.
+GL_BACKENDS = (("egl", ("libEGL.so.1",)), ("osmesa", ("libOSMesa.so.8", "libOSMesa.so.6", "libOSMesa.so")))
+GL_PACKAGES = "Mesa's EGL (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0) or OSMesa (apt-get install libosmesa6)"
 
 
 def library_loads(names: tuple[str, ...]) -> bool:
     for name in names:
-        try:
+        with contextlib.suppress(OSError):
             return ctypes.CDLL(name) is not None
-        except OSError:
-            pass
     return False
 
 
@@ -643,10 +660,10 @@ def choose_gl_backend(capture_video: bool) -> str | None:
     return backend
 
 
-def check_video(env_id: str, gym_id: str, gl_backend: str | None) -> None:
+def check_video(env_id: str, gl_backend: str | None) -> None:
     """--capture-video: one env renders one frame now, so a missing renderer fails here, in one line."""
-    uses_mujoco = gym_id.startswith("dm_control/") or "mujoco" in str(gym.spec(gym_id).entry_point)
-    if uses_mujoco and gl_backend is None:
+    gym_id = resolve_env_id(env_id)
+    if gl_backend is None and (gym_id.startswith("dm_control/") or "mujoco" in str(gym.spec(gym_id).entry_point)):
         raise ConfigError(f"--capture-video: no OpenGL library loads for rendering {env_id}; install {GL_PACKAGES}")
     try:
         with warnings.catch_warnings():  # gymnasium warns about unsupported render modes: the check below says it
@@ -683,17 +700,17 @@ class RecordEpisodeVideo(gym.Wrapper):
         if self.frames is not None:
             self.frames.append(self.env.render())
             if out[2] or out[3]:  # terminated or truncated
+                import imageio
+
                 os.makedirs(self.video_dir, exist_ok=True)
                 imageio.mimsave(f"{self.video_dir}/{self.name}.mp4", self.frames, fps=self.fps, macro_block_size=1)
                 self.name, self.frames = None, None
         return out
 
 
-def make_vector_env(
-    args: Args, num_envs: int, seed: int, video_dir: str | None = None, asynchronous: bool = False
-) -> gym.vector.VectorEnv:
+def make_vector_env(args: Args, num_envs: int, seed: int, video_dir: str | None = None, asynchronous: bool = False):
     """The official envs: flat float observations, NEXT_STEP autoreset, episode statistics, env 0 filmed into `video_dir`.
-    asynchronous: a process per env (gymnasium's AsyncVectorEnv)."""
+    asynchronous: a process per env (gymnasium's AsyncVectorEnv). The caller resets them with its seed."""
 
     def make_env(video_dir: str | None) -> gym.Env:
         limit = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
@@ -710,8 +727,8 @@ def make_vector_env(
 
 
 # EnvPool ports that are not the official task: under the same random actions (benchmarks/README.md, "EnvPool's
-# ports"), finger's touch sensors read about twice the official values, its hinge spins about 28% slower and
-# finger/spin pays a reward on a quarter as many steps. "auto" trains these on gymnasium.
+# ports"), finger's touch sensors read about twice the official values and finger/spin pays a reward on a quarter as
+# many steps. "auto" trains these on gymnasium.
 ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")
 
 
@@ -725,35 +742,36 @@ def envpool_task_id(gym_id: str) -> str | None:
     except ImportError:
         return None
     if gym_id.startswith("dm_control/"):
-        camel = lambda name: "".join(part[:1].upper() + part[1:] for part in name.split("_"))  # noqa: E731
         domain, task = gym_id[len("dm_control/") : -len("-v0")].split("-")
-        task_id = f"{camel(domain)}{camel(task)}-v1"
-    elif "mujoco" in str(gym.spec(gym_id).entry_point):
-        task_id = gym_id
+        task_id = "".join(part[:1].upper() + part[1:] for part in f"{domain}_{task}".split("_")) + "-v1"
     else:
-        return None
+        task_id = gym_id if "mujoco" in str(gym.spec(gym_id).entry_point) else None
     return task_id if task_id in envpool.list_all_envs() else None
 
 
 def choose_env_backend(args: Args) -> tuple[str, str]:
     """The training envs' backend for --env-backend and one line that says which; a ConfigError where it cannot serve."""
     gym_id = resolve_env_id(args.env_id)
-    if args.env_backend.startswith("gymnasium"):
-        kind = "AsyncVectorEnv" if args.env_backend == "gymnasium-async" else "SyncVectorEnv"
-        return args.env_backend, f"training envs: gymnasium {kind} of {gym_id} (--env-backend {args.env_backend})"
-    task_id = envpool_task_id(gym_id)
-    if task_id in ENVPOOL_DIFFERS and args.env_backend == "auto":
-        why = f"EnvPool's {task_id} differs from the official task; --env-backend envpool uses it anyway"
-        return "gymnasium", f"training envs: gymnasium SyncVectorEnv of {gym_id} ({why})"
-    if task_id is not None:
+    task_id = None if args.env_backend.startswith("gymnasium") else envpool_task_id(gym_id)
+    if task_id is not None and not (task_id in ENVPOOL_DIFFERS and args.env_backend == "auto"):
         differs = " (it differs from the official task)" if task_id in ENVPOOL_DIFFERS else ""
         return "envpool", f"training envs: EnvPool's {task_id}{differs}; evaluation on gymnasium's {gym_id}"
-    installed = importlib.util.find_spec("envpool") is not None
     if args.env_backend == "envpool":
-        todo = "has no port of it" if installed else "is not installed (pip install envpool==1.2.0)"
+        todo = "has no port of it" if importlib.util.find_spec("envpool") else "is not installed (pip install envpool==1.2.0)"
         raise ConfigError(f"--env-backend envpool: EnvPool {todo} for {args.env_id}; use --env-backend gymnasium or auto")
-    why = "EnvPool has no port of it" if installed else "EnvPool is not installed; pip install envpool==1.2.0 for faster envs"
-    return "gymnasium", f"training envs: gymnasium SyncVectorEnv of {gym_id} ({why})"
+    if args.env_backend.startswith("gymnasium"):
+        why = f"--env-backend {args.env_backend}"
+    elif task_id is not None:
+        why = f"EnvPool's {task_id} differs from the official task; --env-backend envpool uses it anyway"
+    elif importlib.util.find_spec("envpool"):
+        why = "EnvPool has no port of it"
+    else:
+        why = "EnvPool is not installed; pip install envpool==1.2.0 for faster envs"
+    kind = "AsyncVectorEnv" if args.env_backend == "gymnasium-async" else "SyncVectorEnv"
+    return (
+        args.env_backend if args.env_backend != "auto" else "gymnasium",
+        f"training envs: gymnasium {kind} of {gym_id} ({why})",
+    )
 
 
 class EnvPoolVectorEnv(gym.vector.VectorEnv):
@@ -804,7 +822,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
 
 def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.VectorEnv:
     """The training envs of --env-backend ("auto" is resolved here): NEXT_STEP resets and episode statistics on every
-    backend. EnvPool runs --env-threads threads, else `threads` (at most num_envs)."""
+    backend. EnvPool runs --env-threads threads, else `threads` (at most num_envs). The caller resets them."""
     backend = choose_env_backend(args)[0] if args.env_backend == "auto" else args.env_backend
     if backend.startswith("gymnasium"):
         return make_vector_env(args, args.num_envs, seed, asynchronous=backend == "gymnasium-async")
@@ -817,12 +835,15 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
 
 
 class RunningMeanStd:
-    """Running mean and variance (float64) of a stream of batches (Chan et al.'s parallel update)."""
+    """Running mean and variance (float64) of a stream of batches (Chan et al.'s parallel update), shared by all training
+    envs. Disabled (--no-norm-obs), it keeps its initial statistics and `normalize` only casts to float32."""
 
-    def __init__(self, shape: tuple[int, ...] = ()):
-        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4
+    def __init__(self, shape: tuple[int, ...] = (), enabled: bool = True):
+        self.mean, self.var, self.count, self.enabled = np.zeros(shape), np.ones(shape), 1e-4, enabled
 
     def update(self, x: np.ndarray) -> None:
+        if not self.enabled:
+            return
         batch_mean, batch_var, n = x.mean(axis=0), x.var(axis=0), x.shape[0]
         delta, total = batch_mean - self.mean, self.count + n
         # LaTeX: \sigma^2 \leftarrow \frac{n \sigma^2 + n_b \sigma_b^2 + \delta^2 n n_b / (n + n_b)}{n + n_b}
@@ -830,19 +851,18 @@ class RunningMeanStd:
         # LaTeX: \mu \leftarrow \mu + \delta \frac{n_b}{n + n_b}, \quad n \leftarrow n + n_b
         self.mean, self.count = self.mean + delta * n / total, total
 
+    def normalize(self, x: np.ndarray) -> np.ndarray:
+        if not self.enabled:
+            return np.asarray(x, np.float32)
+        # LaTeX: \tilde{o} = \operatorname{clip}\left(\frac{o - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, -10, 10\right)
+        return np.clip((x - self.mean) / np.sqrt(self.var + 1e-8), -10.0, 10.0).astype(np.float32)
+
     def state_dict(self) -> dict:
         as_tensor = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
         return {"mean": as_tensor(self.mean), "var": as_tensor(self.var), "count": float(self.count)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = np.array(state["mean"].numpy()), np.array(state["var"].numpy()), state["count"]
-
-
-def normalize(obs: np.ndarray, obs_rms: RunningMeanStd | None) -> np.ndarray:
-    if obs_rms is None:
-        return obs.astype(np.float32)
-    # LaTeX: \tilde{o} = \mathrm{clip}\left(\frac{o - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, -10, 10\right)
-    return np.clip((obs - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10.0, 10.0).astype(np.float32)
+        self.mean, self.var, self.count = state["mean"].numpy().copy(), state["var"].numpy().copy(), float(state["count"])
 
 
 class RewardScaler:
@@ -865,38 +885,42 @@ class RewardScaler:
 # Evaluation
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
-def evaluate(run: Run, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One episode per eval env with the deterministic policy (the Gaussian mean); logs `eval/*`; returns, lengths."""
+def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
+    """One episode per eval env with the deterministic policy (the Gaussian mean), then one with sampled actions from
+    the same starts, both on the frozen normalizer; logs `eval/*` and returns the deterministic returns.
+    `eval/sampled_return_mean` shows where the evaluated policy and the one that trained part; `eval/episodes_below_100`
+    counts the failed episodes (a walker that never gets up)."""
+    noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
+
+    def sampled_action(obs: torch.Tensor) -> torch.Tensor:
+        mean = run.agent.actor_mean(obs)
+        return mean + run.agent.actor_logstd.exp() * torch.randn(mean.shape, generator=noise, device=mean.device)
+
+    returns, lengths = run_episodes(run, run.agent.actor_mean, video_name)
+    sampled_returns, _ = run_episodes(run, sampled_action)
+    stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
+    stats |= {"length_mean": lengths.mean(), "sampled_return_mean": sampled_returns.mean()}
+    stats["episodes_below_100"] = (returns < 100).sum()
+    for name, value in stats.items():
+        run.writer.add_scalar(f"eval/{name}", float(value), run.global_step)
+    return returns
+
+
+def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One episode per eval env, acting with `policy(normalized obs)`; the returns and lengths."""
     envs, space = run.eval_envs, run.eval_envs.single_action_space
     if video_name is not None:
         envs.unwrapped.envs[0].get_wrapper_attr("start")(video_name)
     obs, _ = envs.reset(seed=run.args.seed + 10_000)
     returns, lengths = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=np.int64)
     finished = np.zeros(envs.num_envs, dtype=bool)
-    while not finished.all():  # `obs_rms` is not updated
-        actions = run.agent.actor_mean(torch.as_tensor(normalize(obs, run.obs_rms), device=run.device)).cpu().numpy()
+    while not finished.all():
+        actions = policy(torch.as_tensor(run.obs_rms.normalize(obs), device=run.device)).cpu().numpy()
         obs, rewards, terminated, truncated, _ = envs.step(np.clip(actions, space.low, space.high))
         returns += rewards * ~finished
         lengths += ~finished
         finished |= terminated | truncated
-    stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
-    for name, value in {**stats, "length_mean": lengths.mean()}.items():
-        run.writer.add_scalar(f"eval/{name}", float(value), run.global_step)
     return returns, lengths
-
-
-def evaluate_checkpoint(run: Run) -> dict:
-    """--eval-only: evaluate the checkpoint's policy once, log it, print one line."""
-    start_time, args = time.time(), run.args
-    try:
-        returns, lengths = evaluate(run, "eval-only" if args.capture_video else None)
-    finally:
-        run.close()
-    mean, std = float(returns.mean()), float(returns.std())
-    episodes = f"{len(returns)} episodes (length {lengths.mean():.1f})"
-    print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {episodes}")
-    summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0, "wall_time": time.time() - start_time}
-    return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
 
 
 # ---------------------------------------------------------------------------------------
@@ -928,17 +952,20 @@ def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> 
 
 def save_checkpoint(run: Run, kind: str) -> None:
     """`<script>_<kind>.pt` with the run's state at `run.global_step`; atomic: a temporary file renamed over it."""
-    agent, path = run.agent, run.path(kind)
+    path = run.path(kind)
     ckpt = {
         "algo": SCRIPT,
         "args": dataclasses.asdict(run.args),
         "rng": rng_state(run.device),
         "device": run.device.type,
         "eval_return": run.last_eval,
+        "global_step": run.global_step,
+        "iteration": run.iteration,
+        "agent": run.agent.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "obs_rms": run.obs_rms.state_dict(),
+        "reward_rms": run.reward_scaler.rms.state_dict(),
     }
-    ckpt.update(agent=agent.state_dict(), optimizer=run.optimizer.state_dict(), global_step=run.global_step)
-    ckpt["obs_rms"] = run.obs_rms.state_dict() if run.obs_rms is not None else None
-    ckpt.update(iteration=run.iteration, reward_rms=run.reward_scaler.rms.state_dict())
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 
@@ -975,36 +1002,32 @@ def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
 def check_args(args: Args, gl_backend: str | None) -> None:
     """Reject impossible settings with one line, before any heavy work."""
 
-    def require(ok: bool, message: str) -> None:
+    def require(ok: bool, flag: str, accepted: str) -> None:
         if not ok:
-            raise ConfigError(message)
+            raise ConfigError(f"--{flag.replace('_', '-')} must be {accepted}, got {getattr(args, flag)}")
 
-    positive = "total_timesteps num_envs num_steps num_minibatches update_epochs eval_episodes learning_rate clip_coef"
-    for name in [*positive.split(), "max_grad_norm"]:
-        require(getattr(args, name) > 0, f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
+        require(getattr(args, name) > 0, name, "> 0")
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
+        require(getattr(args, name) >= 1, name, ">= 1")
     for name in ("ent_coef", "vf_coef"):
-        require(getattr(args, name) >= 0, f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    for name in ("policy_hidden_sizes", "value_hidden_sizes"):
-        sizes = getattr(args, name)
-        require(min(sizes, default=0) > 0, f"--{name.replace('_', '-')} must be positive sizes, got {sizes}")
+        require(getattr(args, name) >= 0, name, ">= 0")
+    for name in ("torch_threads", "env_threads", "eval_interval"):
+        require(getattr(args, name) >= 0, name, ">= 0 (0: the default)")
+    for name in ("gamma", "gae_lambda"):
+        require(0.0 <= getattr(args, name) <= 1.0, name, "in [0, 1]")
+    require(0.0 <= args.sgd_momentum < 1.0, "sgd_momentum", "in [0, 1)")
+    require(args.target_kl is None or args.target_kl > 0, "target_kl", "> 0 (or left unset)")
+    require(args.max_episode_steps is None or args.max_episode_steps >= 1, "max_episode_steps", ">= 1")
+    sizes = args.policy_hidden_sizes + args.value_hidden_sizes
+    require(min(sizes, default=1) >= 1, "policy_hidden_sizes", "positive integers, as --value-hidden-sizes")
     batch = args.num_envs * args.num_steps
-    require(batch % args.num_minibatches == 0, f"--num-minibatches {args.num_minibatches} must divide the batch {batch}")
-    require(args.total_timesteps >= batch, f"--total-timesteps {args.total_timesteps} is less than one batch ({batch})")
-    require(0.0 < args.gamma <= 1.0, f"--gamma must be in (0, 1], got {args.gamma}")
-    require(0.0 <= args.gae_lambda <= 1.0, f"--gae-lambda must be in [0, 1], got {args.gae_lambda}")
-    require(args.optimizer in ("adam", "sgd"), f"--optimizer must be one of: adam, sgd; got {args.optimizer!r}")
-    require(0.0 <= args.sgd_momentum < 1.0, f"--sgd-momentum must be in [0, 1), got {args.sgd_momentum}")
-    require(args.target_kl is None or args.target_kl > 0, f"--target-kl must be > 0 (or left unset), got {args.target_kl}")
-    require(args.eval_interval >= 0, f"--eval-interval must be >= 0 (0 = only the final one), got {args.eval_interval}")
-    for name in ("torch_threads", "env_threads"):
-        require(
-            getattr(args, name) >= 0, f"--{name.replace('_', '-')} must be >= 0 (0: the default), got {getattr(args, name)}"
-        )
-    steps = args.max_episode_steps
-    require(steps is None or steps >= 1, f"--max-episode-steps must be >= 1, got {steps}")
+    require(batch % args.num_minibatches == 0, "num_minibatches", f"a divisor of the rollout of {batch}")
+    require(args.eval_only or args.total_timesteps >= batch, "total_timesteps", f">= num_envs * num_steps ({batch})")
     check_env(args.env_id)
     if args.capture_video:
-        check_video(args.env_id, resolve_env_id(args.env_id), gl_backend)
+        check_video(args.env_id, gl_backend)
+    check_output_dir(args.output_dir)
 
 
 def check_env(env_id: str) -> None:
@@ -1012,9 +1035,9 @@ def check_env(env_id: str) -> None:
     with gym.make(resolve_env_id(env_id)) as env:
         space = env.action_space
     if isinstance(space, gym.spaces.Discrete):
-        raise ConfigError(f"{env_id} has a Discrete action space; this script needs Box actions: use ppo_discrete.py")
+        raise ConfigError(f"{env_id} has a Discrete action space; {SCRIPT}.py needs Box actions: use ppo_discrete.py")
     if not isinstance(space, gym.spaces.Box):
-        raise ConfigError(f"{env_id} has a {type(space).__name__} action space; this script needs a Box action space")
+        raise ConfigError(f"{env_id} has a {type(space).__name__} action space; {SCRIPT}.py needs a Box action space")
 
 
 def check_output_dir(output_dir: str) -> None:

@@ -144,8 +144,8 @@ class Args:
     """lower clamp of the pre-tanh log standard deviation"""
     log_std_max: float = 2.0
     """upper clamp of the pre-tanh log standard deviation"""
-    init_log_std: float | None = -0.25
-    """initial pre-tanh log-std (-0.25: std 0.78): the parameter (None: 0) or the log-std head's bias (None: PyTorch's init)"""
+    init_log_std: float = -0.25
+    """initial pre-tanh log-std (-0.25: std 0.78): the log-std parameter, or the log-std head's bias"""
     torch_threads: int = 0
     """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); rollout inference uses 1"""
     norm_obs: bool = True
@@ -205,18 +205,21 @@ class Agent(nn.Module):
         super().__init__()
         obs_dim, act_dim = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
         self.ppo_like, self.log_std_min, self.log_std_max = args.ppo_like_backbone, args.log_std_min, args.log_std_max
+
+        def head(in_dim: int, out_dim: int, std: float) -> nn.Linear:  # orthogonal init on the PPO-like backbone only
+            return layer_init(nn.Linear(in_dim, out_dim), std) if self.ppo_like else nn.Linear(in_dim, out_dim)
+
         self.policy_encoder = make_encoder(obs_dim, args.policy_hidden_sizes, self.ppo_like)
-        feat = args.policy_hidden_sizes[-1] if args.policy_hidden_sizes else obs_dim
-        self.policy_mean = layer_init(nn.Linear(feat, act_dim), std=0.01) if self.ppo_like else nn.Linear(feat, act_dim)
+        features = args.policy_hidden_sizes[-1] if args.policy_hidden_sizes else obs_dim
+        self.policy_mean = head(features, act_dim, std=0.01)
         if self.ppo_like:  # a state-independent log-std
-            self.policy_log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std or 0.0))
-        else:  # a state-dependent log-std head
-            self.policy_log_std = nn.Linear(feat, act_dim)
-            if args.init_log_std is not None:
-                nn.init.constant_(self.policy_log_std.bias, args.init_log_std)
+            self.policy_log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
+        else:  # a state-dependent log-std head that starts at init_log_std
+            self.policy_log_std = head(features, act_dim, std=0.01)
+            nn.init.constant_(self.policy_log_std.bias, args.init_log_std)
         self.value_encoder = None if args.shared_encoder else make_encoder(obs_dim, args.value_hidden_sizes, self.ppo_like)
-        value_feat = feat if args.shared_encoder else (args.value_hidden_sizes[-1] if args.value_hidden_sizes else obs_dim)
-        self.value_head = layer_init(nn.Linear(value_feat, 1), std=1.0) if self.ppo_like else nn.Linear(value_feat, 1)
+        value_sizes = args.policy_hidden_sizes if args.shared_encoder else args.value_hidden_sizes
+        self.value_head = head(value_sizes[-1] if value_sizes else obs_dim, 1, std=1.0)
         low, high = (torch.as_tensor(x, dtype=torch.float32) for x in (action_space.low, action_space.high))
         self.register_buffer("action_scale", (high - low) / 2.0)
         self.register_buffer("action_bias", (high + low) / 2.0)
@@ -1025,33 +1028,34 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
 
 
 class RunningMeanStd:
-    """Running mean/variance of observations (float64), shared by all training envs; inert with --no-norm-obs."""
+    """Running mean and variance (float64) of a stream of batches (Chan et al.'s parallel update), shared by all training
+    envs. Disabled (--no-norm-obs), it keeps its initial statistics and `normalize` only casts to float32."""
 
-    def __init__(self, shape: tuple[int, ...], enabled: bool = True):
-        self.mean, self.var, self.count, self.enabled = np.zeros(shape, np.float64), np.ones(shape, np.float64), 1e-4, enabled
+    def __init__(self, shape: tuple[int, ...] = (), enabled: bool = True):
+        self.mean, self.var, self.count, self.enabled = np.zeros(shape), np.ones(shape), 1e-4, enabled
 
     def update(self, x: np.ndarray) -> None:
         if not self.enabled:
             return
-        # Parallel-variance merge (Chan et al.) of the stored statistics with a batch.
-        batch_mean, batch_var, n = x.mean(0), x.var(0), x.shape[0]
+        batch_mean, batch_var, n = x.mean(axis=0), x.var(axis=0), x.shape[0]
         delta, total = batch_mean - self.mean, self.count + n
-        self.mean = self.mean + delta * n / total
+        # LaTeX: \sigma^2 \leftarrow \frac{n \sigma^2 + n_b \sigma_b^2 + \delta^2 n n_b / (n + n_b)}{n + n_b}
         self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
-        self.count = total
+        # LaTeX: \mu \leftarrow \mu + \delta \frac{n_b}{n + n_b}, \quad n \leftarrow n + n_b
+        self.mean, self.count = self.mean + delta * n / total, total
 
     def normalize(self, x: np.ndarray) -> np.ndarray:
         if not self.enabled:
             return np.asarray(x, np.float32)
-        # LaTeX: \tilde{o} = \operatorname{clip}\left(\frac{o - \mu_o}{\sqrt{\sigma_o^2 + 10^{-8}}}, -10, 10\right)
+        # LaTeX: \tilde{o} = \operatorname{clip}\left(\frac{o - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, -10, 10\right)
         return np.clip((x - self.mean) / np.sqrt(self.var + 1e-8), -10.0, 10.0).astype(np.float32)
 
     def state_dict(self) -> dict:
-        return {"mean": torch.from_numpy(self.mean.copy()), "var": torch.from_numpy(self.var.copy()), "count": self.count}
+        as_tensor = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+        return {"mean": as_tensor(self.mean), "var": as_tensor(self.var), "count": float(self.count)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var = state["mean"].numpy().astype(np.float64), state["var"].numpy().astype(np.float64)
-        self.count = float(state["count"])
+        self.mean, self.var, self.count = state["mean"].numpy().copy(), state["var"].numpy().copy(), float(state["count"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -1059,7 +1063,28 @@ class RunningMeanStd:
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
-    """One episode per eval env with the deterministic action b + s tanh(mean), frozen normalizer; logs `eval/*`."""
+    """One episode per eval env with the deterministic action b + s tanh(mean), then one with sampled actions from the
+    same starts, both on the frozen normalizer; logs `eval/*` and returns the deterministic returns.
+    `eval/sampled_return_mean` shows where the evaluated policy and the one that trained part; `eval/episodes_below_100`
+    counts the failed episodes (a walker that never gets up)."""
+    noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
+
+    def sampled_action(obs: torch.Tensor) -> torch.Tensor:
+        mean, log_std = run.agent.policy(obs)
+        return run.agent.squash(mean + log_std.exp() * torch.randn(mean.shape, generator=noise, device=mean.device))
+
+    returns, lengths = run_episodes(run, run.agent.deterministic_action, video_name)
+    sampled_returns, _ = run_episodes(run, sampled_action)
+    stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
+    stats |= {"length_mean": lengths.mean(), "sampled_return_mean": sampled_returns.mean()}
+    stats["episodes_below_100"] = (returns < 100).sum()
+    for name, value in stats.items():
+        run.writer.add_scalar(f"eval/{name}", float(value), run.global_step)
+    return returns
+
+
+def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One episode per eval env, acting with `policy(normalized obs)`; the returns and lengths."""
     envs = run.eval_envs
     if video_name is not None:
         envs.unwrapped.envs[0].get_wrapper_attr("start")(video_name)
@@ -1067,15 +1092,12 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
     returns, lengths = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=np.int64)
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        obs_t = torch.as_tensor(run.obs_rms.normalize(obs), device=run.device)
-        obs, rewards, terminated, truncated, _ = envs.step(run.agent.deterministic_action(obs_t).cpu().numpy())
+        actions = policy(torch.as_tensor(run.obs_rms.normalize(obs), device=run.device)).cpu().numpy()
+        obs, rewards, terminated, truncated, _ = envs.step(actions)
         returns += rewards * ~finished
         lengths += ~finished
         finished |= terminated | truncated
-    stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
-    for name, value in {**stats, "length_mean": lengths.mean()}.items():
-        run.writer.add_scalar(f"eval/{name}", float(value), run.global_step)
-    return returns
+    return returns, lengths
 
 
 # ---------------------------------------------------------------------------------------

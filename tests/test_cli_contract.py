@@ -8,13 +8,16 @@ machine without any GL library still trains, and says what to install when asked
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import imageio
+import numpy as np
 import pytest
 import torch
 import tyro
@@ -560,3 +563,78 @@ def test_progress_in_a_pipe_is_a_line_every_5_percent_and_on_a_terminal_one_line
     progress_block = text[text.index("\rstep ") : text.rindex("\rstep ")]
     assert "\n" not in progress_block, "a new line before the run ended"
     assert "nan" not in text
+
+
+# ---------------------------------------------------------------------------------
+# One concept, one behaviour: the same inputs through each script's own function
+# ---------------------------------------------------------------------------------
+ENV_IDS = [
+    ("CartPole-v1", "CartPole-v1"),
+    ("dm_control/walker/walk", "dm_control/walker-walk-v0"),
+    ("dm_control/ball_in_cup-catch-v0", "dm_control/ball_in_cup-catch-v0"),
+    ("Probe1Continuous-v0", "Probe1Continuous-v0"),
+]
+BAD_ENV_IDS = [
+    ("dm_control/walker", "malformed dm_control id 'dm_control/walker'; accepted forms: dm_control/<domain>/<task> or"),
+    ("dm_control/walker-walk", "malformed dm_control id 'dm_control/walker-walk'"),
+    ("dm_control/nowhere/walk", "unknown dm_control domain 'nowhere' in 'dm_control/nowhere/walk'; valid domains: acrobot,"),
+    ("dm_control/walker/fly", "unknown task 'fly' for dm_control domain 'walker'; valid tasks: run, stand, walk"),
+    ("NoSuchEnv-v0", "unknown env id 'NoSuchEnv-v0'; accepted: a registered gymnasium id, dm_control/<domain>/<task>"),
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resolve_env_id_maps_and_rejects_the_same_ids_in_every_script(name):
+    module = importlib.import_module(name)
+    assert [module.resolve_env_id(env_id) for env_id, _ in ENV_IDS] == [gym_id for _, gym_id in ENV_IDS]
+    for env_id, message in BAD_ENV_IDS:
+        with pytest.raises(module.ConfigError) as info:
+            module.resolve_env_id(env_id)
+        assert str(info.value).startswith(message), (env_id, str(info.value))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_explained_variance_is_the_same_formula_in_every_script(name):
+    module = importlib.import_module(name)
+    rng = np.random.default_rng(0)
+    returns = rng.normal(size=50)
+    values = returns + rng.normal(scale=0.5, size=50)
+    expected = 1.0 - np.var(returns - values) / np.var(returns)  # population variances, as numpy's default
+    as_t = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+    assert module.explained_variance(as_t(values), as_t(returns)) == pytest.approx(expected, rel=1e-5)
+    assert module.explained_variance(as_t(returns), as_t(returns)) == pytest.approx(1.0)
+    assert math.isnan(module.explained_variance(as_t(values), torch.full((50,), 3.0)))  # constant returns: undefined
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_importing_a_script_changes_no_environment_variable_and_help_opens_with_what_it_is(name):
+    check = f"import os; before = dict(os.environ); import {name}; assert dict(os.environ) == before, set(os.environ) ^ set(before)"
+    proc = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=script_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = importlib.import_module(name).Args.__doc__
+    assert "\n" not in doc.strip() and "in one file" in doc, doc
+    help_text = run_cli(f"{name}.py", ["--help"], cwd=ROOT).stdout
+    assert doc.strip() in help_text.split("╭")[0], help_text[:500]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_without_observation_normalization_the_checkpoint_still_holds_its_statistics(name, tmp_path):
+    result = train(name, *tiny_cli(name, "--total-timesteps", str(BATCH), "--no-norm-obs", "--output-dir", str(tmp_path)))
+    ckpt = torch.load(Path(result["run_dir"]) / f"{name}_last.pt", weights_only=True)
+    assert ckpt["args"]["norm_obs"] is False and set(ckpt["obs_rms"]) == {"mean", "var", "count"}
+    assert not ckpt["obs_rms"]["mean"].any() and bool((ckpt["obs_rms"]["var"] == 1).all())  # never updated
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous", "vmpo_continuous"])
+def test_evaluation_logs_the_sampled_policy_and_failed_episodes_without_touching_trainings_rng(name, tmp_path):
+    module = importlib.import_module(name)
+    args = tyro.cli(module.Args, args=tiny_cli(name, "--total-timesteps", str(BATCH), "--output-dir", str(tmp_path)))
+    run = module.set_up(args)
+    before = torch.get_rng_state()
+    returns = module.evaluate(run)
+    run.close()
+    assert torch.equal(before, torch.get_rng_state())
+    scalars = {tag: values[-1][1] for tag, values in read_scalars(run.run_dir).items()}
+    assert scalars["eval/return_mean"] == pytest.approx(returns.mean())
+    assert scalars["eval/episodes_below_100"] == (returns < 100).sum()  # every Pendulum return is below 100
+    assert scalars["eval/sampled_return_mean"] != scalars["eval/return_mean"]  # std 0.78-1 Pendulum actions differ

@@ -174,7 +174,14 @@ def test_short_episodes_on_envpool_train_no_reset_step_and_bootstrap_from_the_fi
     if name == "ppo_continuous":
         agent = module.Agent(24, 6, (32, 32), (32, 32))
         policy, rollout = module.RolloutPolicy(agent), module.Rollout.empty(16, envs)
-        module.collect_rollout(policy, envs, obs.astype(np.float32), None, module.RewardScaler(2, 0.99, False), rollout)
+        module.collect_rollout(
+            policy,
+            envs,
+            obs.astype(np.float32),
+            module.RunningMeanStd((24,), enabled=False),
+            module.RewardScaler(2, 0.99, False),
+            rollout,
+        )
         reset_rows, observations, actions = rollout.resets, rollout.obs, np.clip(rollout.actions, -1, 1)
         # What the update sees: the loop's mask drops exactly the reset rows.
         trained = torch.as_tensor(rollout.resets).flatten() == 0

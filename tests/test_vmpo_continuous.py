@@ -595,6 +595,8 @@ EXPECTED_TAGS = [
     "eval/return_min",
     "eval/return_max",
     "eval/length_mean",
+    "eval/sampled_return_mean",
+    "eval/episodes_below_100",
     "kl/mu",
     "kl/sigma",
     "vmpo/temperature",
@@ -732,3 +734,31 @@ def test_bad_input_message(overrides, message, tmp_path):
     with pytest.raises(V.ConfigError, match=message):
         V.train(tiny_args(output_dir=str(tmp_path), **overrides))
     assert not any(tmp_path.iterdir())  # rejected before any work
+
+
+# ---------------------------------------------------------------------------------
+# Every option trains
+# ---------------------------------------------------------------------------------
+OPTIONS = [
+    dict(m_step="seed"),
+    dict(optimizer="sgd"),
+    dict(shared_encoder=True),
+    dict(ppo_like_backbone=False),
+    dict(advantage_estimator="returns"),
+    dict(advantage_estimator="dae"),
+    dict(norm_adv=False),
+    dict(norm_obs=False),
+    dict(anneal_lr=False),
+    dict(num_minibatches=1),
+]
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=[",".join(f"{k}={v}" for k, v in o.items()) for o in OPTIONS])
+def test_every_option_trains_a_walker_with_finite_losses(option, tmp_path):
+    out = V.train(tiny_args(output_dir=str(tmp_path), total_timesteps=192, **option))
+    scalars = read_scalars(out["run_dir"])
+    assert out["global_step"] == 192 and math.isfinite(out["final_eval_return"])
+    for tag in ("losses/policy_loss", "losses/value_loss", "losses/temperature_loss", "kl/mu", "kl/sigma"):
+        assert len(scalars[tag]) == 3 and all(math.isfinite(v) for _, v in scalars[tag]), (tag, scalars[tag])
+    saved = torch.load(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), weights_only=True)["args"]
+    assert all(saved[k] == v for k, v in option.items())
