@@ -109,6 +109,9 @@ class Args:
     target_kl: float | None = None
     """stop the update's epochs early once an epoch's mean approximate KL exceeds this (e.g. 0.02: smaller, safer steps
     where updates overshoot)"""
+    rpo_alpha: float = 0.0
+    """RPO (Rahman & Xue, 2022): the update evaluates the new log-probability at the Gaussian mean shifted by fresh
+    Uniform(-alpha, alpha) noise, which holds the policy's std up where it would otherwise collapse (0: plain PPO)"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer sizes of the policy-mean MLP"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
@@ -336,6 +339,15 @@ def approx_kl(logratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return old_kl, new_kl
 
 
+def rpo_perturbation(mean: torch.Tensor, alpha: float) -> torch.Tensor:
+    """RPO's shifted mean: fresh noise per sample and action dimension, every time the update evaluates the policy. The
+    rollout's log-probabilities are not shifted."""
+    if alpha == 0.0:
+        return mean
+    # LaTeX: \tilde{\mu}_\theta(s_t) = \mu_\theta(s_t) + z_t, \quad z_t \sim \mathcal{U}(-\alpha, \alpha)^d
+    return mean + torch.empty_like(mean).uniform_(-alpha, alpha)
+
+
 def make_optimizer(agent: Agent, args: Args) -> torch.optim.Optimizer:
     if args.optimizer == "sgd":
         return torch.optim.SGD(agent.parameters(), lr=args.learning_rate, momentum=args.sgd_momentum, foreach=True)
@@ -355,7 +367,8 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
         shuffled = packed[torch.randperm(size).to(packed.device)]
         for minibatch in shuffled[: minibatch_size * args.num_minibatches].split(minibatch_size):
             obs, actions, old_logprob, advantages, returns, old_values = minibatch.split(widths, dim=1)
-            new_logprob = gaussian_log_prob(agent.actor_mean(obs), agent.actor_logstd, actions).unsqueeze(1)
+            mean = rpo_perturbation(agent.actor_mean(obs), args.rpo_alpha)
+            new_logprob = gaussian_log_prob(mean, agent.actor_logstd, actions).unsqueeze(1)
             # LaTeX: \log \rho_t = \log \pi_\theta(a_t \mid s_t) - \log \pi_{\theta_\mathrm{old}}(a_t \mid s_t)
             logratio = new_logprob - old_logprob
             ratio = torch.exp(logratio)
@@ -1010,7 +1023,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
         require(getattr(args, name) > 0, name, "> 0")
     for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
         require(getattr(args, name) >= 1, name, ">= 1")
-    for name in ("ent_coef", "vf_coef"):
+    for name in ("ent_coef", "vf_coef", "rpo_alpha"):
         require(getattr(args, name) >= 0, name, ">= 0")
     for name in ("torch_threads", "env_threads", "eval_interval"):
         require(getattr(args, name) >= 0, name, ">= 0 (0: the default)")

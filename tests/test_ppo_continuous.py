@@ -452,6 +452,7 @@ OPTIONS = [
     dict(norm_obs=False),
     dict(norm_adv=False),
     dict(anneal_lr=False),
+    dict(rpo_alpha=0.5),
 ]
 
 
@@ -466,3 +467,19 @@ def test_every_option_trains_with_finite_losses(option, tmp_path):
         assert [v for _, v in scalars["losses/epochs"]] == [1.0, 1.0]
     saved = torch.load(single_run_dir(tmp_path) / "ppo_continuous_last.pt", weights_only=True)["args"]
     assert all(saved[k] == v for k, v in option.items())
+
+
+def test_rpo_perturbation_is_uniform_noise_around_the_mean_and_off_at_zero():
+    torch.manual_seed(0)
+    mean = torch.randn(20_000, 3, requires_grad=True)
+    assert pc.rpo_perturbation(mean, 0.0) is mean
+    shifted = pc.rpo_perturbation(mean, 0.5)
+    noise = (shifted - mean).detach().numpy()
+    assert noise.min() >= -0.5 and noise.max() <= 0.5 and noise.min() < -0.49 and noise.max() > 0.49
+    # Uniform(-a, a): mean 0, variance a^2 / 3, independent between dimensions.
+    np.testing.assert_allclose(noise.mean(0), 0.0, atol=0.01)
+    np.testing.assert_allclose(noise.var(0), 0.25 / 3, rtol=0.03)
+    assert abs(np.corrcoef(noise.T)[0, 1]) < 0.03
+    assert not torch.equal(pc.rpo_perturbation(mean, 0.5), shifted)  # fresh noise every call
+    shifted.sum().backward()  # the noise carries no gradient: d(shifted)/d(mean) = 1
+    assert torch.equal(mean.grad, torch.ones_like(mean))
