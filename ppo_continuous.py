@@ -262,7 +262,8 @@ class RolloutPolicy:
 def collect_rollout(policy: RolloutPolicy, envs, obs: np.ndarray, obs_rms, scale_reward, rollout: Rollout) -> tuple:
     """Fill `rollout`, updating `obs_rms`; return the next observation and the finished episodes (env steps into the
     rollout, return, length)."""
-    (low, high), episodes = (envs.single_action_space.low, envs.single_action_space.high), []
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    episodes = []
     # Row 0 follows the previous rollout's last row (all zeros before the first rollout).
     prev_done = rollout.terminated[-1] + rollout.truncated[-1] > 0
     for t in range(len(rollout.obs)):
@@ -270,7 +271,8 @@ def collect_rollout(policy: RolloutPolicy, envs, obs: np.ndarray, obs_rms, scale
         rollout.actions[t], rollout.logprobs[t], rollout.values[t] = policy.act(obs)
         raw_obs, reward, terminated, truncated, infos = envs.step(np.clip(rollout.actions[t], low, high))
         obs_rms.update(raw_obs)
-        obs, done = obs_rms.normalize(raw_obs), terminated | truncated
+        obs = obs_rms.normalize(raw_obs)
+        done = terminated | truncated
         rollout.rewards[t], rollout.terminated[t], rollout.truncated[t] = scale_reward(reward, done), terminated, truncated
         prev_done = done
         for i in np.flatnonzero(infos.get("_episode", [])):  # the statistics of the episodes that ended at this step

@@ -1,21 +1,17 @@
 """PPO for discrete actions: clipped surrogate objective with GAE, in one file.
 
 Proximal Policy Optimization (Schulman et al., 2017, https://arxiv.org/abs/1707.06347) with
-Generalized Advantage Estimation (Schulman et al., 2016, https://arxiv.org/abs/1506.02438).
-A categorical policy and a state-value critic (separate MLPs) are trained on batches of
-``num_envs * num_steps`` transitions collected by the current policy, for ``update_epochs``
-passes over shuffled minibatches.
-
-Run it:
+Generalized Advantage Estimation (Schulman et al., 2016, https://arxiv.org/abs/1506.02438): a categorical policy
+and a state-value critic (separate MLPs) trained on batches of ``num_envs * num_steps`` transitions collected by the
+current policy, for ``update_epochs`` passes over shuffled minibatches.
 
     python ppo_discrete.py                                   # CartPole-v1, 100k steps
     python ppo_discrete.py --env-id Acrobot-v1 --total-timesteps 500000 --track
     python ppo_discrete.py --eval-only --checkpoint runs/<run>/ppo_discrete_best.pt
     python ppo_discrete.py --resume runs/<run>/ppo_discrete_last.pt
-    python ppo_discrete.py --help                            # every option
 
-The math: ``docs/ppo_discrete.md`` (the whole file) and ``docs/ppo_discrete_annotations.md`` (each
-``# LaTeX:`` comment with the line below it). Continuous actions (``Box``): use ``ppo_continuous.py``.
+The math: ``docs/ppo_discrete.md`` (the whole file) and ``docs/ppo_discrete_annotations.md`` (each ``# LaTeX:``
+comment with the line below it). Continuous actions (``Box``): use ``ppo_continuous.py``.
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ import dataclasses
 import math
 import os
 import random
+import re
 import sys
 import time
 import warnings
@@ -45,16 +42,14 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Args:
-    """Console: on a terminal, one progress line updated in place (step/total, %, SPS, ETA, the mean return of the last 20
-    training episodes, '-' until one ends, and the last evaluation's return); in a file or a pipe, that line every 5% of
-    the run. The same seed gives the same run on any machine's CPU."""
+    """PPO with a categorical policy for discrete actions, in one file."""
 
     exp_name: str = "ppo_discrete"
     """name of this experiment (part of the run name)"""
     seed: int = 1
     """seed of the experiment (python, numpy, torch, envs)"""
     torch_deterministic: bool = True
-    """set `torch.backends.cudnn.deterministic=True`"""
+    """set `torch.backends.cudnn.deterministic=True` (turn it off only for a network of your own that uses cuDNN)"""
     cuda: bool = True
     """use CUDA when available (falls back to CPU, and says so, when it is not)"""
     track: bool = False
@@ -80,31 +75,31 @@ class Args:
     learning_rate: float = 1e-3
     """Adam learning rate (start value when annealed)"""
     anneal_lr: bool = True
-    """anneal the learning rate linearly to 0 over training"""
+    """anneal the learning rate linearly to 0 over the run; --no-anneal-lr keeps it constant (a run to extend with --resume)"""
     num_minibatches: int = 1
     """minibatches per epoch (must divide the batch size)"""
     update_epochs: int = 10
     """passes over each batch"""
     norm_adv: bool = True
-    """normalize advantages within each minibatch"""
+    """normalize advantages per minibatch, so the policy's step does not scale with the rewards (off: tiny minibatches)"""
     clip_coef: float = 0.2
     """clipping range epsilon of the probability ratio (and of the value change with --clip-vloss)"""
     clip_vloss: bool = False
-    """use the clipped value loss of the PPO2 implementation"""
+    """clip the value loss around the rollout's values (PPO2's variant): for a value that overshoots returns that jump"""
     ent_coef: float = 0.0
-    """weight of the entropy bonus"""
+    """weight of the entropy bonus (> 0, e.g. 0.01, where the policy settles on one action before it has explored)"""
     vf_coef: float = 0.5
     """weight of the value loss"""
     max_grad_norm: float = 0.5
     """clip the global gradient norm to this value"""
     target_kl: float | None = None
-    """stop the update after an epoch whose mean approximate KL to the old policy exceeds this (None: never)"""
+    """end the update after an epoch whose mean approx. KL to the acting policy exceeds this (e.g. 0.01 where updates overshoot)"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer widths of the policy (actor) MLP"""
     value_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer widths of the value (critic) MLP"""
     norm_obs: bool = False
-    """normalize observations with running statistics shared by all training envs"""
+    """normalize observations by a running mean/std shared by the training envs: for observations far from unit scale"""
     output_dir: str = "runs"
     """parent directory of the run directory (TensorBoard events, checkpoints, videos)"""
     eval_interval: int = 20_000
@@ -127,7 +122,7 @@ class ConfigError(ValueError):
 
 
 class TrainingDiverged(RuntimeError):
-    """A loss became NaN or inf; the run stops and keeps its last good checkpoint."""
+    """A loss or a parameter became NaN or inf; the run stops and keeps its last good checkpoint."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -148,7 +143,7 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
 
 
 class Agent(nn.Module):
-    """Separate policy (logits) and value MLPs; the 0.01 init of the policy output starts it near uniform."""
+    """Separate policy (``actor``: the logits) and value MLPs; the 0.01 init of the logits starts the policy near uniform."""
 
     def __init__(self, obs_dim: int, num_actions: int, policy_hidden_sizes=(64, 64), value_hidden_sizes=(64, 64)):
         super().__init__()
@@ -157,9 +152,6 @@ class Agent(nn.Module):
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
-
-    def get_logits(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor(obs)
 
 
 def categorical_log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,9 +171,9 @@ def categorical_log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) ->
 class Rollout:
     """``(num_steps, num_envs)`` storage in numpy: the env speaks numpy; one conversion per rollout."""
 
-    obs: np.ndarray
+    obs: np.ndarray  # normalized, as the policy saw them
     actions: np.ndarray
-    log_probs: np.ndarray
+    logprobs: np.ndarray
     values: np.ndarray
     next_values: np.ndarray  # V(s_{t+1}) of the real successor: the final observation where an episode ended
     rewards: np.ndarray
@@ -189,39 +181,47 @@ class Rollout:
     truncated: np.ndarray
 
     @classmethod
-    def empty(cls, num_steps: int, num_envs: int, obs_shape: tuple[int, ...]) -> Rollout:
-        size = (num_steps, num_envs)
-        floats = [np.zeros(size, np.float32) for _ in range(4)]  # log_probs, values, next_values, rewards
-        flags = [np.zeros(size, bool) for _ in range(2)]  # terminated, truncated
-        return cls(np.zeros(size + obs_shape, np.float32), np.zeros(size, np.int64), *floats, *flags)
+    def empty(cls, num_steps: int, envs: gym.vector.VectorEnv) -> Rollout:
+        def zeros(dtype=np.float32, shape=()) -> np.ndarray:
+            return np.zeros((num_steps, envs.num_envs, *shape), dtype)
+
+        return cls(
+            obs=zeros(shape=envs.single_observation_space.shape),
+            actions=zeros(np.int64),
+            logprobs=zeros(),
+            values=zeros(),
+            next_values=zeros(),
+            rewards=zeros(),
+            terminated=zeros(bool),
+            truncated=zeros(bool),
+        )
 
 
-def as_tensor(obs: np.ndarray, obs_rms: RunningMeanStd | None, device: torch.device) -> torch.Tensor:
-    obs = obs_rms.normalize(obs) if obs_rms is not None else np.asarray(obs, dtype=np.float32)
-    return torch.as_tensor(obs, dtype=torch.float32, device=device)
+def as_tensor(obs: np.ndarray, obs_rms: RunningMeanStd, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(obs_rms.normalize(obs), device=device)
 
 
 @torch.inference_mode()
 def collect_rollout(agent, envs, raw_obs, obs_rms, device, buf: Rollout) -> tuple[np.ndarray, list]:
-    """Fill ``buf``; return the next raw observation and the episodes that ended as (steps in, return, length)."""
+    """Fill ``buf``, updating ``obs_rms``; return the next raw observation and the episodes that ended as (env steps into
+    the rollout, return, length)."""
     num_steps, num_envs = buf.rewards.shape
     episodes = []
     obs_t = as_tensor(raw_obs, obs_rms, device)
     value_t = agent.get_value(obs_t)
     for step in range(num_steps):
         # Sampling straight from the logits: a torch.distributions object costs more than the MLP here.
-        log_probs = agent.get_logits(obs_t).log_softmax(-1)
+        log_probs = agent.actor(obs_t).log_softmax(-1)
         # LaTeX: a_t \sim \pi_\theta(\cdot|s_t) = \operatorname{softmax}(\mathrm{logits})
         action = torch.multinomial(log_probs.exp(), 1)
         buf.obs[step] = obs_t.cpu().numpy()
         buf.values[step] = value_t.cpu().numpy()
         buf.actions[step] = action.squeeze(-1).cpu().numpy()
-        buf.log_probs[step] = log_probs.gather(-1, action).squeeze(-1).cpu().numpy()
+        buf.logprobs[step] = log_probs.gather(-1, action).squeeze(-1).cpu().numpy()
 
         raw_obs, reward, terminated, truncated, infos = envs.step(buf.actions[step])
         buf.rewards[step], buf.terminated[step], buf.truncated[step] = reward, terminated, truncated
-        if obs_rms is not None:
-            obs_rms.update(raw_obs)
+        obs_rms.update(raw_obs)
         obs_t = as_tensor(raw_obs, obs_rms, device)
         value_t = agent.get_value(obs_t)
         buf.next_values[step] = value_t.cpu().numpy()
@@ -242,16 +242,16 @@ def compute_gae(rewards, values, next_values, terminated, truncated, gamma: floa
     """GAE advantages and value targets of a ``(num_steps, num_envs)`` rollout. ``next_values[t]`` is V of the real
     successor (the final observation where an episode ended): a truncated step bootstraps from its final state, a
     terminated step's successor is worth 0, and the recursion stops at every episode end."""
-    not_terminated, not_done = 1.0 - terminated.float(), 1.0 - (terminated | truncated).float()
+    not_done = 1.0 - (terminated | truncated).float()
     # LaTeX: \delta_t = r_t + \gamma (1 - \mathrm{terminated}_t) V(s_{t+1}) - V(s_t)
-    deltas = rewards + gamma * not_terminated * next_values - values
+    deltas = rewards + gamma * (1.0 - terminated.float()) * next_values - values
     advantages = torch.zeros_like(rewards)
     last_advantage = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
         # LaTeX: \hat{A}_t = \delta_t + \gamma \lambda (1 - \mathrm{done}_t) \hat{A}_{t+1}
         last_advantage = deltas[t] + gamma * gae_lambda * not_done[t] * last_advantage
         advantages[t] = last_advantage
-    # LaTeX: R_t = \hat{A}_t + V(s_t)
+    # LaTeX: \hat{R}_t = \hat{A}_t + V(s_t)
     returns = advantages + values
     return advantages, returns
 
@@ -262,19 +262,17 @@ def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
-    var_returns = returns.var()
-    # LaTeX: \mathrm{EV} = 1 - \frac{\operatorname{Var}[R_t - V(s_t)]}{\operatorname{Var}[R_t]}
-    return float("nan") if var_returns == 0 else float(1 - (returns - values).var() / var_returns)
+    """1 - Var[R - V] / Var[R] with population variances; NaN where the returns do not vary."""
+    var_returns = returns.var(unbiased=False)
+    # LaTeX: \mathrm{EV} = 1 - \frac{\operatorname{Var}[\hat{R}_t - V(s_t)]}{\operatorname{Var}[\hat{R}_t]}
+    return float("nan") if var_returns == 0 else float(1.0 - (returns - values).var(unbiased=False) / var_returns)
 
 
 # ---------------------------------------------------------------------------------------
 # Losses and update
 # ---------------------------------------------------------------------------------------
-def clipped_surrogate_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float) -> torch.Tensor:
+def clipped_surrogate_loss(ratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float) -> torch.Tensor:
     """Negative of the clipped surrogate objective L^CLIP (Eq. 7 of the PPO paper), to minimize."""
-    # rho_t is the paper's r_t(theta) (renamed: r_t is the reward here).
-    # LaTeX: \rho_t(\theta) = \exp\left(\log \pi_\theta(a_t|s_t) - \log \pi_{\theta_{old}}(a_t|s_t)\right)
-    ratio = log_ratio.exp()
     # The paper maximizes L^CLIP; this is its negative, minimized by gradient descent.
     # LaTeX: L^{CLIP} = -\mathbb{E}_t\left[\min\left(\rho_t \hat{A}_t, \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon) \hat{A}_t\right)\right]
     return -torch.min(ratio * advantages, ratio.clamp(1 - clip_coef, 1 + clip_coef) * advantages).mean()
@@ -284,11 +282,11 @@ def value_loss(new_values, old_values, returns, clip_coef: float, clip_vloss: bo
     """Half mean squared error to the targets; with ``clip_vloss`` the pessimistic clipped form."""
     unclipped = (new_values - returns) ** 2
     if not clip_vloss:
-        # LaTeX: L^{V} = \frac{1}{2} \mathbb{E}_t\left[\left(V_\theta(s_t) - R_t\right)^2\right]
+        # LaTeX: L^{V} = \frac{1}{2} \mathbb{E}_t\left[\left(V_\theta(s_t) - \hat{R}_t\right)^2\right]
         return 0.5 * unclipped.mean()
     # LaTeX: V^{clip}_\theta(s_t) = V_{\theta_{old}}(s_t) + \operatorname{clip}\left(V_\theta(s_t) - V_{\theta_{old}}(s_t), -\epsilon, \epsilon\right)
     clipped_values = old_values + (new_values - old_values).clamp(-clip_coef, clip_coef)
-    # LaTeX: L^{V} = \frac{1}{2} \mathbb{E}_t\left[\max\left(\left(V_\theta(s_t) - R_t\right)^2, \left(V^{clip}_\theta(s_t) - R_t\right)^2\right)\right]
+    # LaTeX: L^{V} = \frac{1}{2} \mathbb{E}_t\left[\max\left(\left(V_\theta(s_t) - \hat{R}_t\right)^2, \left(V^{clip}_\theta(s_t) - \hat{R}_t\right)^2\right)\right]
     return 0.5 * torch.max(unclipped, (clipped_values - returns) ** 2).mean()
 
 
@@ -313,23 +311,24 @@ def make_optimizer(agent: Agent, args: Args) -> torch.optim.Optimizer:
 
 
 def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict, args: Args) -> dict[str, float]:
-    """``update_epochs`` passes of shuffled minibatch steps on one rollout; returns diagnostics."""
+    """``update_epochs`` passes of shuffled minibatch steps on one rollout; returns the means of the diagnostics."""
     batch_size = batch["obs"].shape[0]
     minibatch_size = batch_size // args.num_minibatches
-    stats: dict[str, list[torch.Tensor]] = {}
-    for _ in range(args.update_epochs):
+    losses, log_ratios = [], []  # per minibatch, detached: the diagnostics are computed once, after the update
+    for epoch in range(1, args.update_epochs + 1):  # noqa: B007  (`epoch` is reported)
         # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
         order = torch.randperm(batch_size).to(batch["obs"].device)
-        epoch_kl = []
-        for start in range(0, batch_size, minibatch_size):
-            idx = order[start : start + minibatch_size]
-            log_prob, entropy = categorical_log_prob_entropy(agent.get_logits(batch["obs"][idx]), batch["actions"][idx])
+        for idx in order.split(minibatch_size):
+            log_prob, entropy = categorical_log_prob_entropy(agent.actor(batch["obs"][idx]), batch["actions"][idx])
             # LaTeX: \log \rho_t = \log \pi_\theta(a_t|s_t) - \log \pi_{\theta_{old}}(a_t|s_t)
-            log_ratio = log_prob - batch["log_probs"][idx]
+            log_ratio = log_prob - batch["logprobs"][idx]
+            # rho_t is the paper's r_t(theta) (renamed: r_t is the reward here).
+            # LaTeX: \rho_t(\theta) = \exp\left(\log \pi_\theta(a_t|s_t) - \log \pi_{\theta_{old}}(a_t|s_t)\right)
+            ratio = log_ratio.exp()
             advantages = batch["advantages"][idx]
             if args.norm_adv:
                 advantages = normalize_advantages(advantages)
-            pg_loss = clipped_surrogate_loss(log_ratio, advantages, args.clip_coef)
+            pg_loss = clipped_surrogate_loss(ratio, advantages, args.clip_coef)
             new_values = agent.get_value(batch["obs"][idx])
             v_loss = value_loss(new_values, batch["values"][idx], batch["returns"][idx], args.clip_coef, args.clip_vloss)
             entropy_loss = entropy.mean()
@@ -340,22 +339,19 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict, args
             # LaTeX: g \leftarrow g \cdot \min\left(1, \frac{c_{max}}{\lVert g \rVert_2}\right)
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
-            with torch.no_grad():
-                diag = kl_diagnostics(log_ratio, args.clip_coef)
-            epoch_kl.append(diag["approx_kl"])
-            losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss, "loss": loss}
-            for key, value in {**losses, **diag}.items():
-                stats.setdefault(key, []).append(value.detach())
-        # Checked once per epoch (as CleanRL does): the policy has moved too far from the one that acted.
-        if args.target_kl is not None and torch.stack(epoch_kl).mean() > args.target_kl:
-            stats["early_stop"] = [torch.ones(())]
-            break
-    stats.setdefault("early_stop", [torch.zeros(())])
+            losses.append(torch.stack([pg_loss, v_loss, entropy_loss, loss]).detach())
+            log_ratios.append(log_ratio.detach())
+        if args.target_kl is not None:  # checked once per epoch (as CleanRL does), on the epoch's mean KL
+            if kl_diagnostics(torch.cat(log_ratios[-args.num_minibatches :]), args.clip_coef)["approx_kl"] > args.target_kl:
+                break  # the policy has moved too far from the one that acted
     # Checked once after the update, not per minibatch: a check reads the value back, which on a GPU waits for the queue.
-    losses = torch.stack(stats["loss"])
-    if not torch.isfinite(losses).all():
-        raise TrainingDiverged(f"non-finite loss ({losses[~torch.isfinite(losses)][0].item()})")
-    return {key: float(torch.stack(v).float().mean()) for key, v in stats.items()}  # one sync per update
+    stats = dict(zip(("policy_loss", "value_loss", "entropy", "loss"), torch.stack(losses).mean(0).tolist(), strict=True))
+    bad = [name for name, value in stats.items() if not math.isfinite(value)]
+    # An inf gradient norm turns the clipped gradient, and so the parameters, into NaN while the losses stay finite.
+    if bad or not nn.utils.parameters_to_vector(agent.parameters()).isfinite().all():
+        raise TrainingDiverged(f"non-finite {', '.join(bad) or 'parameters'}")
+    diagnostics = kl_diagnostics(torch.cat(log_ratios), args.clip_coef)
+    return stats | {key: value.item() for key, value in diagnostics.items()} | {"epochs": epoch}
 
 
 # ---------------------------------------------------------------------------------------
@@ -373,7 +369,7 @@ class Run:
     eval_envs: gym.vector.VectorEnv
     agent: Agent
     optimizer: torch.optim.Optimizer
-    obs_rms: RunningMeanStd | None
+    obs_rms: RunningMeanStd
     global_step: int = 0
     iteration: int = 0
     last_eval: float | None = None
@@ -439,15 +435,15 @@ def set_up(args: Args) -> Run:
     video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
     envs = make_vector_env(args, args.num_envs, args.seed)
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, video_dir)
-    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    obs_dim = envs.single_observation_space.shape[0]
+    num_actions = int(envs.single_action_space.n)
     with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
-        agent = Agent(obs_dim, int(envs.single_action_space.n), args.policy_hidden_sizes, args.value_hidden_sizes).to(device)
-    obs_rms = RunningMeanStd((obs_dim,)) if args.norm_obs else None
+        agent = Agent(obs_dim, num_actions, args.policy_hidden_sizes, args.value_hidden_sizes).to(device)
+    obs_rms = RunningMeanStd((obs_dim,), args.norm_obs)
     run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), obs_rms)
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
         run.agent.load_state_dict(source["agent"])
-        if source["obs_rms"] is not None:
-            run.obs_rms.load_state_dict(source["obs_rms"])
+        run.obs_rms.load_state_dict(source["obs_rms"])
         run.global_step = source["global_step"]
         if args.resume:
             run.optimizer.load_state_dict(source["optimizer"])
@@ -458,8 +454,21 @@ def set_up(args: Args) -> Run:
 
 def train(args: Args) -> dict:
     run = set_up(args)
-    if args.eval_only:
-        return evaluate_checkpoint(run)
+    start_time = time.time()
+    if args.eval_only:  # evaluate the checkpoint's policy once, log it, print one line
+        try:
+            eval_returns = evaluate(run, "eval-only" if args.capture_video else None)
+        finally:
+            run.close()
+        mean, std = float(eval_returns.mean()), float(eval_returns.std())
+        print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
+        summary = {
+            "run_dir": run.run_dir,
+            "global_step": run.global_step,
+            "train_sps": 0.0,
+            "wall_time": time.time() - start_time,
+        }
+        return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
     args, agent, optimizer, writer = run.args, run.agent, run.optimizer, run.writer
     batch_size = args.num_envs * args.num_steps
     # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
@@ -468,10 +477,9 @@ def train(args: Args) -> dict:
     # GPU's kernel launches and copies. Training on a GPU, it acts with a CPU copy, synced after every update.
     cpu = torch.device("cpu")
     acting_agent = agent if run.device == cpu else copy.deepcopy(agent).to(cpu)
-    rollout = Rollout.empty(args.num_steps, args.num_envs, run.envs.single_observation_space.shape)
+    rollout = Rollout.empty(args.num_steps, run.envs)
     raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
-    if run.obs_rms is not None:
-        run.obs_rms.update(raw_obs)
+    run.obs_rms.update(raw_obs)
     final_step = num_iterations * batch_size
     if run.iteration > 0:
         print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; ", end="")
@@ -480,7 +488,7 @@ def train(args: Args) -> dict:
         rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
         print(f"training to step {final_step}: {rounded}")
     recent_returns = deque(maxlen=20)
-    start_time, train_time, trained_steps = time.time(), 0.0, 0
+    train_time, trained_steps = 0.0, 0
     # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
     save_checkpoint(run, "last")
     try:
@@ -501,7 +509,7 @@ def train(args: Args) -> dict:
             data = {k: torch.as_tensor(v, device=run.device) for k, v in vars(rollout).items()}
             gae_inputs = [data[k] for k in ("rewards", "values", "next_values", "terminated", "truncated")]
             advantages, returns = compute_gae(*gae_inputs, args.gamma, args.gae_lambda)
-            batch = {k: data[k].flatten(0, 1) for k in ("obs", "actions", "log_probs", "values")}
+            batch = {k: data[k].flatten(0, 1) for k in ("obs", "actions", "logprobs", "values")}
             batch.update(advantages=advantages.flatten(), returns=returns.flatten())
 
             # ---- update
@@ -527,7 +535,7 @@ def train(args: Args) -> dict:
             # ---- evaluate and save: every eval_interval steps, and at the end
             every, last = args.eval_interval, iteration == num_iterations
             if last or (every > 0 and run.global_step // every > (run.global_step - batch_size) // every):
-                eval_returns, _ = evaluate(run, f"eval-step-{run.global_step}" if args.capture_video else None)
+                eval_returns = evaluate(run, f"eval-step-{run.global_step}" if args.capture_video else None)
                 run.last_eval = float(eval_returns.mean())
                 save_checkpoint(run, "last")
                 if run.last_eval >= run.best_eval:
@@ -565,41 +573,46 @@ def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> N
 # ---------------------------------------------------------------------------------------
 # Environments
 # ---------------------------------------------------------------------------------------
-def resolve_env_id(env_id: str) -> str:
-    """Register the ids this script accepts beyond plain gymnasium ones and map aliases."""
-    if env_id.startswith("dm_control/"):
-        import shimmy  # registers the dm_control/* ids (none has Discrete actions: check_env says so)
+DM_CONTROL_FORMS = "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0 (e.g. dm_control/walker/walk)"
 
-        os.environ.setdefault("MUJOCO_GL", "disable")  # nothing here renders MuJoCo
+
+def resolve_env_id(env_id: str) -> str:
+    """The gymnasium id of an accepted env id; any other id is a ConfigError that says what is accepted."""
+    if env_id.startswith("Probe"):
+        with contextlib.suppress(ImportError):  # probe_envs.py registers the probe ids; a copied script may lack it
+            import probe_envs  # noqa: F401
+    if env_id.startswith("dm_control/"):
+        import shimmy  # registers the dm_control/* ids with gymnasium
+        from dm_control import suite
 
         gym.register_envs(shimmy)
-        parts = env_id.split("/")
-        if len(parts) == 3:  # dm_control/<domain>/<task> -> shimmy's dm_control/<domain>-<task>-v0
-            env_id = f"dm_control/{parts[1]}-{parts[2]}-v0"
-    elif env_id.startswith("Probe"):
-        try:
-            import probe_envs  # noqa: F401  (registers Probe*-v0; lives next to this script)
-        except ImportError:
-            pass
+        match = re.fullmatch(r"dm_control/(\w+)(?:/(\w+)|-(\w+)-v0)", env_id)
+        if match is None:
+            raise ConfigError(f"malformed dm_control id {env_id!r}; accepted forms: {DM_CONTROL_FORMS}")
+        domain, task = match[1], match[2] or match[3]
+        if domain not in suite.TASKS_BY_DOMAIN:
+            domains = ", ".join(sorted(suite.TASKS_BY_DOMAIN))
+            raise ConfigError(f"unknown dm_control domain {domain!r} in {env_id!r}; valid domains: {domains}")
+        if task not in suite.TASKS_BY_DOMAIN[domain]:
+            tasks = ", ".join(sorted(suite.TASKS_BY_DOMAIN[domain]))
+            raise ConfigError(f"unknown task {task!r} for dm_control domain {domain!r}; valid tasks: {tasks}")
+        return f"dm_control/{domain}-{task}-v0"
+    if env_id not in gym.registry:
+        raise ConfigError(f"unknown env id {env_id!r}; accepted: a registered gymnasium id, {DM_CONTROL_FORMS}, or a probe id")
     return env_id
 
 
-def check_video(env_id: str, gym_id: str) -> None:
+def check_video(env_id: str) -> None:
     """--capture-video: one env renders one frame now, so an env that cannot render fails here, in one line."""
     try:
-        with warnings.catch_warnings():  # gymnasium warns about unsupported render modes: the check below says it
-            warnings.simplefilter("ignore")
-            env = gym.make(gym_id, render_mode="rgb_array")
-        try:
+        with gym.make(resolve_env_id(env_id), render_mode="rgb_array") as env:
             env.reset(seed=0)
             frame = env.render()
-        finally:
-            env.close()
+        if not isinstance(frame, np.ndarray):
+            raise TypeError(f"render() returned {type(frame).__name__}, not an rgb frame")
     except Exception as e:  # a renderer that cannot start: name it, without a traceback
         reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         raise ConfigError(f"--capture-video: {env_id} cannot render ({reason})") from None
-    if not isinstance(frame, np.ndarray):
-        raise ConfigError(f"--capture-video: {env_id} draws no rgb frames (render() returned {type(frame).__name__})")
 
 
 class RecordEpisodeVideo(gym.Wrapper):
@@ -608,16 +621,14 @@ class RecordEpisodeVideo(gym.Wrapper):
     def __init__(self, env: gym.Env, video_dir: str):
         super().__init__(env)
         self.video_dir, self.name, self.frames = video_dir, None, []
-        dt = getattr(env.unwrapped, "dt", None)
-        self.fps = round(1.0 / dt) if dt else env.metadata.get("render_fps") or 30
+        self.fps = env.metadata.get("render_fps") or 30  # the env's own playback rate, as gymnasium's RecordVideo takes it
 
     def start(self, name: str) -> None:
-        self.name, self.frames = name, []
+        self.name = name  # recording starts at the next reset: whole episodes only
 
     def reset(self, **kwargs):
         out = self.env.reset(**kwargs)
-        if self.name is not None:
-            self.frames = [self.env.render()]
+        self.frames = [] if self.name is None else [self.env.render()]
         return out
 
     def step(self, action):
@@ -628,20 +639,18 @@ class RecordEpisodeVideo(gym.Wrapper):
                 import imageio
 
                 os.makedirs(self.video_dir, exist_ok=True)
-                path = os.path.join(self.video_dir, f"{self.name}.mp4")
-                imageio.mimsave(path, self.frames, fps=self.fps, macro_block_size=1)
+                imageio.mimsave(f"{self.video_dir}/{self.name}.mp4", self.frames, fps=self.fps, macro_block_size=1)
                 self.name, self.frames = None, []
         return obs, reward, terminated, truncated, info
 
 
 def make_vector_env(args: Args, num_envs: int, seed: int, video_dir: str | None = None) -> gym.vector.VectorEnv:
-    """The training (or evaluation) vector env. SAME_STEP autoreset: an env that ends is reset within the same
-    ``step``, and its real final observation arrives in ``infos["final_obs"]``, so no transition is a reset step."""
+    """Envs seeded (the caller resets them with its seed), SAME_STEP autoreset: no reset steps; ``infos["final_obs"]``."""
     env_id = resolve_env_id(args.env_id)
 
     def make(record: bool) -> gym.Env:
         env = gym.make(env_id, render_mode="rgb_array" if record else None)
-        if isinstance(env.observation_space, gym.spaces.Dict):
+        if not (isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) == 1):
             env = gym.wrappers.FlattenObservation(env)
         return RecordEpisodeVideo(env, video_dir) if record else env
 
@@ -653,19 +662,22 @@ def make_vector_env(args: Args, num_envs: int, seed: int, video_dir: str | None 
 
 
 class RunningMeanStd:
-    """Running mean/variance of observations (float64), merged batch by batch (Chan et al.)."""
+    """Running mean/variance (float64) of observations, merged batch by batch (Chan et al.); disabled, a no-op."""
 
-    def __init__(self, shape: tuple[int, ...]):
-        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4
+    def __init__(self, shape: tuple[int, ...], enabled: bool = True):
+        self.mean, self.var, self.count, self.enabled = np.zeros(shape), np.ones(shape), 1e-4, enabled
 
     def update(self, x: np.ndarray) -> None:
+        if not self.enabled:
+            return
         batch_mean, batch_var, n = x.mean(0), x.var(0), x.shape[0]
         delta, total = batch_mean - self.mean, self.count + n
-        self.mean = self.mean + delta * n / total
         self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
-        self.count = total
+        self.mean, self.count = self.mean + delta * n / total, total
 
     def normalize(self, x: np.ndarray) -> np.ndarray:
+        if not self.enabled:
+            return np.asarray(x, np.float32)
         # LaTeX: \tilde{s} = \operatorname{clip}\left(\frac{s - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, -10, 10\right)
         return np.clip((x - self.mean) / np.sqrt(self.var + 1e-8), -10.0, 10.0).astype(np.float32)
 
@@ -673,15 +685,15 @@ class RunningMeanStd:
         return {"mean": torch.from_numpy(self.mean), "var": torch.from_numpy(self.var), "count": float(self.count)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
+        self.mean, self.var, self.count = state["mean"].numpy().copy(), state["var"].numpy().copy(), float(state["count"])
 
 
 # ---------------------------------------------------------------------------------------
 # Evaluation
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
-def evaluate(run: Run, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One episode per eval env with the greedy action ``argmax_a pi(a|s)``; logs ``eval/*``; returns, lengths."""
+def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
+    """One episode per eval env, greedy ``argmax_a pi(a|s)``, frozen normalizer; logs ``eval/*``, returns the returns."""
     envs = run.eval_envs
     if video_name is not None:
         envs.unwrapped.envs[0].get_wrapper_attr("start")(video_name)
@@ -690,7 +702,7 @@ def evaluate(run: Run, video_name: str | None = None) -> tuple[np.ndarray, np.nd
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         # LaTeX: a_t = \arg\max_b \pi_\theta(b|s_t)
-        actions = run.agent.get_logits(as_tensor(obs, run.obs_rms, run.device)).argmax(-1).cpu().numpy()
+        actions = run.agent.actor(as_tensor(obs, run.obs_rms, run.device)).argmax(-1).cpu().numpy()
         obs, rewards, terminated, truncated, _ = envs.step(actions)
         returns += rewards * ~finished
         lengths += ~finished
@@ -698,21 +710,7 @@ def evaluate(run: Run, video_name: str | None = None) -> tuple[np.ndarray, np.nd
     stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
     for name, value in {**stats, "length_mean": lengths.mean()}.items():
         run.writer.add_scalar(f"eval/{name}", float(value), run.global_step)
-    return returns, lengths
-
-
-def evaluate_checkpoint(run: Run) -> dict:
-    """--eval-only: evaluate the checkpoint's policy once, log it, print one line."""
-    start_time, args = time.time(), run.args
-    try:
-        returns, lengths = evaluate(run, "eval-only" if args.capture_video else None)
-    finally:
-        run.close()
-    mean, std = float(returns.mean()), float(returns.std())
-    episodes = f"{len(returns)} episodes (length {lengths.mean():.1f})"
-    print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {episodes}")
-    summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0, "wall_time": time.time() - start_time}
-    return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
+    return returns
 
 
 # ---------------------------------------------------------------------------------------
@@ -736,25 +734,16 @@ def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> 
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
     if saved_on != device.type:
-        print(
-            f"note: {path} was written on {saved_on} and resumes on {device.type}: the same state, but the two devices "
-            "round floating point differently, so the run will not repeat an uninterrupted one bit for bit"
-        )
+        same = "the same state, but the two devices round floating point differently, so the run will not repeat"
+        print(f"note: {path} was written on {saved_on} and resumes on {device.type}: {same} an uninterrupted one bit for bit")
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
     """``<script>_<kind>.pt`` with the run's state at ``run.global_step``; atomic: a temporary file renamed over it."""
-    agent, path = run.agent, run.path(kind)
-    ckpt = {
-        "algo": SCRIPT,
-        "args": dataclasses.asdict(run.args),
-        "rng": rng_state(run.device),
-        "device": run.device.type,
-        "eval_return": run.last_eval,
-    }
-    ckpt.update(agent=agent.state_dict(), optimizer=run.optimizer.state_dict(), global_step=run.global_step)
-    ckpt.update(obs_dim=agent.actor[0].in_features, num_actions=agent.actor[-1].out_features, iteration=run.iteration)
-    ckpt["obs_rms"] = run.obs_rms.state_dict() if run.obs_rms is not None else None
+    path = run.path(kind)
+    ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "device": run.device.type, "rng": rng_state(run.device)}
+    ckpt |= {"global_step": run.global_step, "iteration": run.iteration, "eval_return": run.last_eval}
+    ckpt |= {"agent": run.agent.state_dict(), "optimizer": run.optimizer.state_dict(), "obs_rms": run.obs_rms.state_dict()}
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 
@@ -789,42 +778,38 @@ def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
 # ---------------------------------------------------------------------------------------
 def check_args(args: Args) -> None:
     """Reject bad input with one clear line before any heavy work."""
-    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+
+    def require(ok: bool, name: str, accepted: str) -> None:
+        if not ok:
+            raise ConfigError(f"--{name.replace('_', '-')} must be {accepted}, got {getattr(args, name)}")
+
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"{flag(name)} must be a positive integer, got {getattr(args, name)}")
+        require(getattr(args, name) >= 1, name, "a positive integer")
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
-        if not getattr(args, name) > 0:
-            raise ConfigError(f"{flag(name)} must be > 0, got {getattr(args, name)}")
+        require(getattr(args, name) > 0, name, "> 0")
+    for name in ("gamma", "gae_lambda"):
+        require(0.0 <= getattr(args, name) <= 1.0, name, "in [0, 1]")
     for name in ("policy_hidden_sizes", "value_hidden_sizes"):
-        if not getattr(args, name) or min(getattr(args, name)) <= 0:
-            raise ConfigError(f"{flag(name)} needs one or more positive widths, got {getattr(args, name)}")
-    batch_size, minibatches = args.num_envs * args.num_steps, args.num_minibatches
-    if batch_size % minibatches != 0:
-        batch = f"batch size num_envs * num_steps = {batch_size}"
-        raise ConfigError(f"{batch} is not divisible by --num-minibatches {minibatches}; pick a divisor of {batch_size}")
-    if args.norm_adv and batch_size // minibatches < 2:
-        raise ConfigError(f"minibatches of {batch_size // minibatches} sample cannot normalize advantages; use --no-norm-adv")
-    if not args.eval_only and args.total_timesteps < batch_size:
-        raise ConfigError(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    if args.eval_interval < 0:
-        raise ConfigError(f"--eval-interval must be >= 0 (0: only the final evaluation), got {args.eval_interval}")
-    if not 0.0 < args.gamma <= 1.0:
-        raise ConfigError(f"--gamma must be in (0, 1], got {args.gamma}")
-    if not 0.0 <= args.gae_lambda <= 1.0:
-        raise ConfigError(f"--gae-lambda must be in [0, 1], got {args.gae_lambda}")
-    gym_id = resolve_env_id(args.env_id)
-    if gym_id not in gym.registry:
-        accepted = "a gymnasium id with a Discrete action space (e.g. CartPole-v1) or Probe1Discrete-v0 .. Probe5Discrete-v0"
-        raise ConfigError(f"unknown env id {args.env_id!r}; accepted: {accepted}")
-    with gym.make(gym_id) as env:
-        space = type(env.action_space).__name__
-    if space != "Discrete":
-        hint = "use ppo_continuous.py (or vmpo_continuous.py) for Box actions"
-        raise ConfigError(f"{args.env_id!r} has a {space} action space but {SCRIPT}.py needs a Discrete one; {hint}")
-    if args.capture_video:
-        check_video(args.env_id, gym_id)
+        require(min(getattr(args, name), default=0) >= 1, name, "one or more positive widths")
+    require(args.eval_interval >= 0, "eval_interval", ">= 0 (0: only the final evaluation)")
+    batch = args.num_envs * args.num_steps
+    require(batch % args.num_minibatches == 0, "num_minibatches", f"a divisor of the batch num_envs * num_steps = {batch}")
+    require(args.eval_only or args.total_timesteps >= batch, "total_timesteps", f"at least one batch of {batch} steps")
+    with warnings.catch_warnings():  # gymnasium's on render modes, dm_control's on a missing display: noise beside one line
+        warnings.simplefilter("ignore")
+        check_env(args.env_id)
+        if args.capture_video:
+            check_video(args.env_id)
     check_output_dir(args.output_dir)
+
+
+def check_env(env_id: str) -> None:
+    """The env id resolves and has a Discrete action space (one env is built and closed)."""
+    with gym.make(resolve_env_id(env_id)) as env:
+        space = env.action_space
+    if not isinstance(space, gym.spaces.Discrete):
+        use = "use ppo_continuous.py or vmpo_continuous.py"
+        raise ConfigError(f"{env_id} has a {type(space).__name__} action space; {SCRIPT}.py needs Discrete actions: {use}")
 
 
 def check_output_dir(output_dir: str) -> None:

@@ -323,7 +323,8 @@ def collect_rollout(agent: Agent, envs, obs_rms, next_obs: torch.Tensor, buf: Ro
     """Fill `buf`; return the next observation and the finished episodes (env steps into the rollout, return, length)."""
     num_steps, num_envs = buf.rewards.shape
     # Row 0 follows the previous rollout's last row (all zeros before the first rollout).
-    prev_done, episodes = (torch.maximum(buf.terminated[-1], buf.truncated[-1]) > 0).cpu().numpy(), []
+    prev_done = (torch.maximum(buf.terminated[-1], buf.truncated[-1]) > 0).cpu().numpy()
+    episodes = []
     for step in range(num_steps):
         buf.obs[step] = next_obs
         buf.resets[step] = torch.as_tensor(prev_done, dtype=torch.float32)  # 1 after an episode end: a reset step
@@ -549,7 +550,8 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
 
     # ---- Diagnostics: the last M-step's (its minibatch); the KLs and the clip fraction over non-restarting samples.
     with torch.no_grad():
-        clipped, valid = ((log_ratio.exp() - 1.0).abs() > args.m_step_clip).float(), restarting[mb]
+        clipped = ((log_ratio.exp() - 1.0).abs() > args.m_step_clip).float()
+        valid = restarting[mb]
         stats = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss, "losses/alpha_loss": alpha_loss}
         stats["losses/temperature_loss"] = estep["dual_loss"]
         stats["losses/entropy"] = masked_mean(gaussian_entropy(log_std), selected[mb])

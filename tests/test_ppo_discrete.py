@@ -52,7 +52,9 @@ def tiny_args(tmp_path: Path, **overrides) -> pd.Args:
 def load_agent(checkpoint: Path) -> tuple[pd.Agent, dict]:
     ckpt = torch.load(checkpoint, weights_only=True)
     args = ckpt["args"]
-    agent = pd.Agent(ckpt["obs_dim"], ckpt["num_actions"], args["policy_hidden_sizes"], args["value_hidden_sizes"])
+    obs_dim = ckpt["obs_rms"]["mean"].numel()  # the normalizer is in every checkpoint, with or without --norm-obs
+    num_actions = [v for k, v in ckpt["agent"].items() if k.startswith("actor.")][-1].numel()  # the logits' bias
+    agent = pd.Agent(obs_dim, num_actions, args["policy_hidden_sizes"], args["value_hidden_sizes"])
     agent.load_state_dict(ckpt["agent"])
     return agent.eval(), ckpt
 
@@ -169,7 +171,7 @@ def test_clipped_surrogate_loss_matches_transcription():
         clipped_ratio = min(max(ratio, 1 - eps), 1 + eps)
         terms.append(min(ratio * a, clipped_ratio * a))  # L^CLIP: the pessimistic of the two
     expected = -sum(terms) / len(terms)
-    assert pd.clipped_surrogate_loss(log_ratio, advantages, eps).item() == pytest.approx(expected, rel=1e-5)
+    assert pd.clipped_surrogate_loss(log_ratio.exp(), advantages, eps).item() == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.parametrize("clip_vloss", [False, True])
@@ -208,14 +210,22 @@ def test_kl_diagnostics_match_transcription_and_exact_kl():
     assert diag["approx_kl_reverse"].item() == pytest.approx(torch.distributions.kl_divergence(new, old).item(), abs=2e-3)
 
 
-def test_normalize_advantages_and_explained_variance():
+def test_normalize_advantages_matches_transcription():
     x = torch.tensor([1.0, 2.0, 3.0, 6.0])
     mean = sum(x.tolist()) / 4
     std = math.sqrt(sum((v - mean) ** 2 for v in x.tolist()) / 3)  # unbiased, as torch.std
     np.testing.assert_allclose(pd.normalize_advantages(x).numpy(), [(v - mean) / (std + 1e-8) for v in x.tolist()], rtol=1e-6)
-    returns, values = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 2.5, 2.5, 4.0])
-    assert pd.explained_variance(values, returns) == pytest.approx(1 - np.var([0, -0.5, 0.5, 0]) / np.var([1, 2, 3, 4]))
-    assert pd.explained_variance(returns, returns) == pytest.approx(1.0)
+
+
+def test_explained_variance_matches_numpy_with_population_variances():
+    rng = np.random.default_rng(0)
+    returns = rng.normal(size=7)  # few samples: a sample variance (ddof=1) would differ visibly
+    values = returns + rng.normal(scale=0.7, size=7)
+    expected = 1.0 - np.var(returns - values, ddof=0) / np.var(returns, ddof=0)
+    as_t = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+    assert pd.explained_variance(as_t(values), as_t(returns)) == pytest.approx(expected, rel=1e-5)
+    assert pd.explained_variance(as_t(returns), as_t(returns)) == pytest.approx(1.0)
+    assert math.isnan(pd.explained_variance(as_t(values), torch.full((7,), 2.5)))  # constant returns: undefined
 
 
 def probe3_vector_env(num_envs: int, max_episode_steps=None):
@@ -241,8 +251,9 @@ def test_rollout_stores_real_successors_and_no_reset_steps(time_limit):
     assert abs(v0 - v1) > 1e-3
     envs = probe3_vector_env(2, time_limit)
     raw_obs, _ = envs.reset(seed=0)
-    buf = pd.Rollout.empty(4, 2, (1,))
-    raw_obs, episodes = pd.collect_rollout(agent, envs, raw_obs, None, torch.device("cpu"), buf)
+    buf = pd.Rollout.empty(4, envs)
+    no_norm = pd.RunningMeanStd((1,), enabled=False)
+    raw_obs, episodes = pd.collect_rollout(agent, envs, raw_obs, no_norm, torch.device("cpu"), buf)
     envs.close()
     if time_limit == 1:
         expected_obs, expected_next = [0.0, 0.0, 0.0, 0.0], [v1, v1, v1, v1]
@@ -259,9 +270,9 @@ def test_rollout_stores_real_successors_and_no_reset_steps(time_limit):
         assert buf.terminated[:, env].tolist() == expected_term and buf.truncated[:, env].tolist() == expected_trunc
     assert episodes == expected_episodes
     # Stored log-probabilities are those of the stored actions under the policy that chose them.
-    logits = agent.get_logits(torch.as_tensor(buf.obs.reshape(-1, 1)))
+    logits = agent.actor(torch.as_tensor(buf.obs.reshape(-1, 1)))
     reference = torch.distributions.Categorical(logits=logits).log_prob(torch.as_tensor(buf.actions.reshape(-1)))
-    np.testing.assert_allclose(buf.log_probs.reshape(-1), reference.detach().numpy(), rtol=1e-5)
+    np.testing.assert_allclose(buf.logprobs.reshape(-1), reference.detach().numpy(), rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------
@@ -300,7 +311,7 @@ def test_learns_probe(env_id, tmp_path):
 
     def probs(obs):
         with torch.no_grad():
-            return torch.softmax(agent.get_logits(torch.as_tensor(obs, dtype=torch.float32)), -1).numpy()
+            return torch.softmax(agent.actor(torch.as_tensor(obs, dtype=torch.float32)), -1).numpy()
 
     def value_fn(obs):
         with torch.no_grad():
@@ -365,7 +376,7 @@ def test_cli_smoke_logs_tags_and_writes_reloadable_checkpoints(cli_run):
         agent, ckpt = load_agent(run_dir / name)
         assert ckpt["global_step"] in (256, 512) and ckpt["args"]["env_id"] == "CartPole-v1"
         assert {"agent", "optimizer", "obs_rms", "rng", "iteration"} <= set(ckpt)
-        assert agent.get_logits(torch.zeros(1, 4)).shape == (1, 2)
+        assert agent.actor(torch.zeros(1, 4)).shape == (1, 2)
     _, last = load_agent(run_dir / "ppo_discrete_last.pt")
     assert (last["global_step"], last["iteration"]) == (512, 4)
     assert not list(run_dir.glob("*.tmp"))  # atomic writes leave no temporaries
@@ -418,11 +429,16 @@ def test_resume_continues_schedule_and_step_counter(tmp_path):
     "overrides,message",
     [
         (dict(env_id="NoSuchEnv-v9"), "unknown env id 'NoSuchEnv-v9'"),
-        (dict(env_id="Pendulum-v1"), "ppo_continuous.py"),
+        (
+            dict(env_id="Pendulum-v1"),
+            "Pendulum-v1 has a Box action space; ppo_discrete.py needs Discrete actions: use ppo_con",
+        ),
         (
             dict(num_envs=3, num_steps=5, num_minibatches=4),
-            "batch size num_envs * num_steps = 15 is not divisible by --num-minibatches 4",
+            "--num-minibatches must be a divisor of the batch num_envs * num_steps = 15, got 4",
         ),
+        (dict(gamma=1.5), "--gamma must be in [0, 1], got 1.5"),
+        (dict(gae_lambda=-0.1), "--gae-lambda must be in [0, 1], got -0.1"),
         (dict(total_timesteps=0), "--total-timesteps must be a positive integer, got 0"),
         (dict(total_timesteps=-100), "--total-timesteps must be a positive integer, got -100"),
         (dict(eval_only=True), "--eval-only needs --checkpoint"),
@@ -441,7 +457,7 @@ def test_non_finite_loss_stops_with_step_and_last_good_checkpoint(tmp_path):
     with pytest.raises(pd.TrainingDiverged) as err:
         pd.train(tiny_args(tmp_path, learning_rate=1e38, total_timesteps=1024, eval_interval=0))
     message = str(err.value)
-    assert "non-finite loss" in message and "at global step" in message
+    assert message.startswith("non-finite ") and "at global step" in message
     assert "Last good checkpoint: " in message and "ppo_discrete_last.pt (step 0)" in message
 
 
@@ -457,22 +473,22 @@ def synthetic_batch(n=64, seed=0):
     }
 
 
-@pytest.mark.parametrize("target_kl,expected_steps", [(None, 3 * 2), (1e-9, 2)])
-def test_update_step_count_and_target_kl_early_stop(target_kl, expected_steps):
+@pytest.mark.parametrize("target_kl,expected_epochs", [(None, 3), (1e-9, 1)])
+def test_update_step_count_and_target_kl_early_stop(target_kl, expected_epochs):
     torch.manual_seed(0)
     agent = pd.Agent(3, 2, (16,))
     args = pd.Args(update_epochs=3, num_minibatches=2, target_kl=target_kl, learning_rate=1e-2)
     optimizer = pd.make_optimizer(agent, args)
     batch = synthetic_batch()
     with torch.no_grad():
-        batch["log_probs"], _ = pd.categorical_log_prob_entropy(agent.get_logits(batch["obs"]), batch["actions"])
+        batch["logprobs"], _ = pd.categorical_log_prob_entropy(agent.actor(batch["obs"]), batch["actions"])
     stats = pd.ppo_update(agent, optimizer, batch, args)
     # The stored log-probs are those of the policy before the update, so the first minibatch has
     # KL 0; the epoch's second minibatch moves it, so the epoch's mean KL exceeds 1e-9 and the update stops
     # after that first epoch (checked once per epoch, as in CleanRL).
-    assert float(next(iter(optimizer.state.values()))["step"]) == expected_steps
-    assert stats["early_stop"] == float(target_kl is not None)
-    assert {"policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"} <= set(stats)
+    assert float(next(iter(optimizer.state.values()))["step"]) == expected_epochs * 2  # 2 minibatches per epoch
+    assert stats["epochs"] == expected_epochs
+    assert {"policy_loss", "value_loss", "entropy", "loss", "approx_kl", "clipfrac"} <= set(stats)
 
 
 def test_the_acting_copy_synced_after_an_update_collects_the_trained_agents_rollout():
@@ -488,8 +504,8 @@ def test_the_acting_copy_synced_after_an_update_collects_the_trained_agents_roll
     def rollout_of(policy: pd.Agent) -> pd.Rollout:
         torch.manual_seed(1)
         raw_obs, _ = envs.reset(seed=2)
-        buf = pd.Rollout.empty(8, 2, (1,))
-        pd.collect_rollout(policy, envs, raw_obs, None, torch.device("cpu"), buf)
+        buf = pd.Rollout.empty(8, envs)
+        pd.collect_rollout(policy, envs, raw_obs, pd.RunningMeanStd((1,), enabled=False), torch.device("cpu"), buf)
         return buf
 
     args = pd.Args(update_epochs=3, num_minibatches=2, learning_rate=1e-2)
@@ -497,9 +513,71 @@ def test_the_acting_copy_synced_after_an_update_collects_the_trained_agents_roll
     batch |= {"advantages": torch.randn(16), "returns": torch.randn(16)}
     pd.ppo_update(agent, pd.make_optimizer(agent, args), batch, args)
     trained, stale = rollout_of(agent), rollout_of(acting_agent)
-    assert not np.array_equal(trained.log_probs, stale.log_probs)
+    assert not np.array_equal(trained.logprobs, stale.logprobs)
     acting_agent.load_state_dict(agent.state_dict())
     synced = rollout_of(acting_agent)
     envs.close()
-    for field in ("obs", "actions", "log_probs", "values", "next_values", "rewards"):
+    for field in ("obs", "actions", "logprobs", "values", "next_values", "rewards"):
         np.testing.assert_array_equal(getattr(synced, field), getattr(trained, field), err_msg=field)
+
+
+@pytest.mark.parametrize(
+    "env_id,gym_id",
+    [
+        ("CartPole-v1", "CartPole-v1"),
+        ("Probe1Discrete-v0", "Probe1Discrete-v0"),
+        ("dm_control/walker/walk", "dm_control/walker-walk-v0"),
+        ("dm_control/walker-walk-v0", "dm_control/walker-walk-v0"),
+    ],
+)
+def test_resolve_env_id_maps_accepted_ids(env_id, gym_id):
+    assert pd.resolve_env_id(env_id) == gym_id
+
+
+@pytest.mark.parametrize(
+    "env_id,message",
+    [
+        ("dm_control/walker", "malformed dm_control id 'dm_control/walker'; accepted forms: dm_control/<domain>/<task> or"),
+        (
+            "dm_control/nowhere/walk",
+            "unknown dm_control domain 'nowhere' in 'dm_control/nowhere/walk'; valid domains: acrobot,",
+        ),
+        ("dm_control/walker/fly", "unknown task 'fly' for dm_control domain 'walker'; valid tasks: run, stand, walk"),
+        ("NoSuchEnv-v0", "unknown env id 'NoSuchEnv-v0'; accepted: a registered gymnasium id, dm_control/<domain>/<task>"),
+    ],
+)
+def test_resolve_env_id_rejects_other_ids_with_what_is_accepted(env_id, message):
+    with pytest.raises(pd.ConfigError) as err:
+        pd.resolve_env_id(env_id)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+# ---------------------------------------------------------------------------------------
+# Every option trains: a tiny CartPole run with each, finite losses in TensorBoard
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "option",
+    [
+        dict(clip_vloss=True),
+        dict(target_kl=0.01),
+        dict(anneal_lr=False),
+        dict(norm_obs=True),
+        dict(norm_adv=False),
+        dict(ent_coef=0.01),
+        dict(torch_deterministic=False),
+    ],
+    ids=lambda option: "-".join(f"{k}={v}" for k, v in option.items()),
+)
+def test_trains_with_option(option, tmp_path):
+    result = pd.train(tiny_args(tmp_path, total_timesteps=256, eval_interval=0, **option))
+    assert result["global_step"] == 256 and math.isfinite(result["final_eval_return"])
+    scalars = read_scalars(result["run_dir"])
+    for tag in ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/loss", "losses/approx_kl"):
+        assert [step for step, _ in scalars[tag]] == [128, 256], tag
+        assert all(math.isfinite(value) for _, value in scalars[tag]), tag
+    ckpt = torch.load(Path(result["run_dir"]) / "ppo_discrete_last.pt", weights_only=True)
+    assert all(ckpt["args"][k] == v for k, v in option.items())
+    if option == dict(anneal_lr=False):
+        assert [v for _, v in scalars["charts/learning_rate"]] == pytest.approx([pd.Args.learning_rate] * 2)
+    if option == dict(norm_obs=True):
+        assert ckpt["obs_rms"]["count"] > 256  # every observation the training envs returned
