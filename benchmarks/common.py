@@ -83,7 +83,7 @@ def reject_managed(extra: Sequence[str], managed: Iterable[str], tool: str) -> N
 
 
 # Named grids of envs and budgets (`run.py --suite`, `tune.py --suite`). `control`: the reference tasks of
-# shared/REFERENCE_RESULTS.md at their budgets, and three tasks the defaults were not tuned on (finger/spin and
+# benchmarks/results/reference.md at their budgets, and three tasks the defaults were not tuned on (finger/spin and
 # ball_in_cup/catch have reference figures at 500k; hopper/stand has none), so that no single task decides the defaults.
 SUITES = {
     "control": {
@@ -97,7 +97,7 @@ SUITES = {
 }
 
 # The widely used PPO (CleanRL's ppo_continuous_action.py, its defaults) at the suite's budgets: the mean
-# final deterministic evaluation of shared/REFERENCE_RESULTS.md (2 seeds; finger and ball_in_cup: seed 1).
+# final deterministic evaluation of benchmarks/results/reference.md (2 seeds; finger and ball_in_cup: seed 1).
 # hopper/stand has no reference figure.
 REFERENCE_RETURNS = {
     "dm_control/cartpole/balance": 509.0,

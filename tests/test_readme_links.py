@@ -1,0 +1,34 @@
+"""The README is a newcomer's page, and every relative link in the Markdown pages resolves inside the repository."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.helpers import ROOT
+
+PAGES = ["README.md", "CONTRIBUTING.md", "CHANGELOG.md", "benchmarks/README.md", "benchmarks/results/reference.md"]
+PAGES += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def relative_links(page: str) -> list[str]:
+    text = (ROOT / page).read_text()
+    return [link for link in LINK.findall(text) if not re.match(r"[a-z]+:", link) and not link.startswith("#")]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_relative_link_resolves_inside_the_repository(page):
+    assert (ROOT / page).is_file(), page
+    for link in relative_links(page):
+        target = ((ROOT / page).parent / link.split("#")[0]).resolve()
+        assert target.exists() and ROOT in target.parents, f"{page}: link {link!r} does not resolve inside the repository"
+
+
+def test_the_readme_reads_in_two_minutes():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 120
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "a date in the README (history goes to CHANGELOG.md)"
+    commits = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"\d", w) and re.search(r"[a-f]", w)]
+    assert not commits, f"commit ids in the README: {commits}"
