@@ -452,7 +452,7 @@ OPTIONS = [
     dict(norm_obs=False),
     dict(norm_adv=False),
     dict(anneal_lr=False),
-    dict(rpo_alpha=0.5),
+    dict(rpo_alpha=0.0),
 ]
 
 
