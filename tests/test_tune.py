@@ -243,7 +243,10 @@ def test_crashed_run_fails_its_trial_and_the_study_goes_on(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     failed, complete = sorted(study_trials(storage, "crash"), key=lambda t: t.number)
     assert (failed.state.name, failed.params) == ("FAIL", {"num_steps": 512})
-    assert "exited with code 1" in failed.user_attrs["error"] and "less than one batch" in failed.user_attrs["error"]
+    assert (
+        "exited with code 1" in failed.user_attrs["error"]
+        and "--total-timesteps must be at least one batch" in failed.user_attrs["error"]
+    )
     assert (complete.state.name, complete.params) == ("COMPLETE", {"num_steps": 16}) and complete.value > 0
     assert "Traceback" not in proc.stdout + proc.stderr
 
