@@ -44,7 +44,7 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Args:
-    """PPO with a diagonal Gaussian policy for continuous actions, in one file."""
+    """PPO with a diagonal Gaussian policy and RPO's mean perturbation, for continuous actions, in one file."""
 
     exp_name: str = "ppo_continuous"
     """the name of this experiment (part of the run name)"""
