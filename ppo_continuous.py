@@ -22,7 +22,6 @@ import dataclasses
 import importlib.util
 import math
 import os
-import random
 import re
 import sys
 import time
@@ -49,7 +48,7 @@ class Args:
     exp_name: str = "ppo_continuous"
     """the name of this experiment (part of the run name)"""
     seed: int = 1
-    """seed of the experiment (torch, numpy, python and the environments)"""
+    """seed of the experiment (torch, numpy and the environments)"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
@@ -68,11 +67,9 @@ class Args:
     """total environment steps of training (summed over the parallel envs)"""
     num_envs: int = 8
     """number of parallel training environments"""
-    env_backend: Literal["auto", "envpool", "gymnasium", "gymnasium-async"] = "auto"
-    """training envs: auto (EnvPool if it is installed and has the task, else gymnasium), envpool, gymnasium
-    (SyncVectorEnv, one process) or gymnasium-async (AsyncVectorEnv, a process per env); evaluation is always gymnasium"""
-    env_threads: int = 0
-    """EnvPool's worker threads (0: as many as --torch-threads resolves to, at most num_envs)"""
+    env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
+    """training envs: auto (EnvPool where it is installed and its port is the official task), envpool or gymnasium;
+    evaluation is always on gymnasium's official env"""
     num_steps: int = 256
     """steps per environment per rollout; the batch is num_envs * num_steps"""
     gamma: float = 0.99
@@ -192,6 +189,56 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
     """Entropy of the diagonal Gaussian; the std is state-independent, so so is the entropy."""
     # LaTeX: \mathcal{H}[\pi_\theta(\cdot \mid s)] = \sum_j \left(\log \sigma_j + \frac{1}{2} \log (2 \pi e)\right)
     return (log_std + 0.5 * (math.log(2.0 * math.pi) + 1.0)).sum(-1)
+
+
+# ---------------------------------------------------------------------------------------
+# Observation and reward normalization
+# ---------------------------------------------------------------------------------------
+class RunningMeanStd:
+    """Running mean and variance (float64) of a stream of batches (Chan et al.'s parallel update), shared by all training
+    envs. Disabled (--no-norm-obs), it keeps its initial statistics and `normalize` only casts to float32."""
+
+    def __init__(self, shape: tuple[int, ...] = (), enabled: bool = True):
+        self.mean, self.var, self.count, self.enabled = np.zeros(shape), np.ones(shape), 1e-4, enabled
+
+    def update(self, x: np.ndarray) -> None:
+        if not self.enabled:
+            return
+        batch_mean, batch_var, n = x.mean(axis=0), x.var(axis=0), x.shape[0]
+        delta, total = batch_mean - self.mean, self.count + n
+        # LaTeX: \sigma^2 \leftarrow \frac{n \sigma^2 + n_b \sigma_b^2 + \delta^2 n n_b / (n + n_b)}{n + n_b}
+        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
+        # LaTeX: \mu \leftarrow \mu + \delta \frac{n_b}{n + n_b}, \quad n \leftarrow n + n_b
+        self.mean, self.count = self.mean + delta * n / total, total
+
+    def normalize(self, x: np.ndarray) -> np.ndarray:
+        if not self.enabled:
+            return np.asarray(x, np.float32)
+        # LaTeX: \tilde{o} = \operatorname{clip}\left(\frac{o - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, -10, 10\right)
+        return np.clip((x - self.mean) / np.sqrt(self.var + 1e-8), -10.0, 10.0).astype(np.float32)
+
+    def state_dict(self) -> dict:
+        as_tensor = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+        return {"mean": as_tensor(self.mean), "var": as_tensor(self.var), "count": float(self.count)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].numpy().copy(), state["var"].numpy().copy(), float(state["count"])
+
+
+class RewardScaler:
+    """--reward-scaling: rewards divided by the running std of the discounted return of each env's episode."""
+
+    def __init__(self, num_envs: int, gamma: float, enabled: bool):
+        self.rms, self.gamma, self.enabled, self.discounted_return = RunningMeanStd(), gamma, enabled, np.zeros(num_envs)
+
+    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        if not self.enabled:
+            return reward
+        # LaTeX: G_t = \gamma (1 - \mathrm{done}_{t-1}) G_{t-1} + r_t, \quad \tilde{r}_t = r_t / \sqrt{\sigma_G^2 + 10^{-8}}
+        self.discounted_return = self.discounted_return * self.gamma + reward
+        self.rms.update(self.discounted_return)
+        self.discounted_return[done] = 0.0
+        return reward / np.sqrt(self.rms.var + 1e-8)
 
 
 # ---------------------------------------------------------------------------------------
@@ -470,7 +517,6 @@ def set_up(args: Args) -> Run:
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
 
-    random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -486,9 +532,8 @@ def set_up(args: Args) -> Run:
     table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
-    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-    eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, video_dir)
-    threads = args.torch_threads or torch.get_num_threads()  # the update's; EnvPool's too unless --env-threads
+    eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, render_first=args.capture_video)
+    threads = args.torch_threads or torch.get_num_threads()  # the update's and EnvPool's
     envs = None if args.eval_only else make_training_envs(args, args.seed, threads)
     obs_dim, act_dim = eval_envs.single_observation_space.shape[0], eval_envs.single_action_space.shape[0]
     with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
@@ -697,49 +742,20 @@ def check_video(env_id: str, gl_backend: str | None) -> None:
         raise ConfigError(f"--capture-video: {env_id} draws no rgb frames (render() returned {type(frame).__name__})")
 
 
-class RecordEpisodeVideo(gym.Wrapper):
-    """Write the next complete episode after `start(name)` to `<video_dir>/<name>.mp4`."""
+def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = False) -> gym.vector.VectorEnv:
+    """The official envs: flat float observations, NEXT_STEP autoreset, episode statistics; env 0 draws rgb frames
+    with `render_first`. The caller resets them with its seed."""
 
-    def __init__(self, env: gym.Env, video_dir: str):
-        super().__init__(env)
-        self.video_dir, self.name, self.frames = video_dir, None, None
-        self.fps = 1 / env.unwrapped.dt if getattr(env.unwrapped, "dt", None) else env.metadata.get("render_fps", 30)
-
-    def start(self, name: str) -> None:
-        self.name = name  # recording starts at the next reset: whole episodes only
-
-    def reset(self, **kwargs):
-        out = super().reset(**kwargs)
-        self.frames = None if self.name is None else [self.env.render()]
-        return out
-
-    def step(self, action):
-        out = super().step(action)
-        if self.frames is not None:
-            self.frames.append(self.env.render())
-            if out[2] or out[3]:  # terminated or truncated
-                import imageio
-
-                os.makedirs(self.video_dir, exist_ok=True)
-                imageio.mimsave(f"{self.video_dir}/{self.name}.mp4", self.frames, fps=self.fps, macro_block_size=1)
-                self.name, self.frames = None, None
-        return out
-
-
-def make_vector_env(args: Args, num_envs: int, seed: int, video_dir: str | None = None, asynchronous: bool = False):
-    """The official envs: flat float observations, NEXT_STEP autoreset, episode statistics, env 0 filmed into `video_dir`.
-    asynchronous: a process per env (gymnasium's AsyncVectorEnv). The caller resets them with its seed."""
-
-    def make_env(video_dir: str | None) -> gym.Env:
+    def make_env(render: bool) -> gym.Env:
         limit = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
-        env = gym.make(resolve_env_id(args.env_id), **limit, **({"render_mode": "rgb_array"} if video_dir else {}))
+        env = gym.make(resolve_env_id(args.env_id), **limit, **({"render_mode": "rgb_array"} if render else {}))
         if not (isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) == 1):
             env = gym.wrappers.FlattenObservation(env)  # dm_control's Dict observations
-        return RecordEpisodeVideo(env, video_dir) if video_dir else env
+        return env
 
-    thunks = [lambda v=(video_dir if i == 0 else None): make_env(v) for i in range(num_envs)]
-    vector_env = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP))
+    thunks = [lambda render=(render_first and i == 0): make_env(render) for i in range(num_envs)]
+    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     envs.action_space.seed(seed)
     return envs
 
@@ -770,26 +786,20 @@ def envpool_task_id(gym_id: str) -> str | None:
 def choose_env_backend(args: Args) -> tuple[str, str]:
     """The training envs' backend for --env-backend and one line that says which; a ConfigError where it cannot serve."""
     gym_id = resolve_env_id(args.env_id)
-    task_id = None if args.env_backend.startswith("gymnasium") else envpool_task_id(gym_id)
-    if task_id is not None and not (task_id in ENVPOOL_DIFFERS and args.env_backend == "auto"):
+    task_id = None if args.env_backend == "gymnasium" else envpool_task_id(gym_id)
+    if task_id is not None and (args.env_backend == "envpool" or task_id not in ENVPOOL_DIFFERS):
         differs = " (it differs from the official task)" if task_id in ENVPOOL_DIFFERS else ""
         return "envpool", f"training envs: EnvPool's {task_id}{differs}; evaluation on gymnasium's {gym_id}"
-    if args.env_backend == "envpool":
-        todo = "has no port of it" if importlib.util.find_spec("envpool") else "is not installed (pip install envpool==1.2.0)"
-        raise ConfigError(f"--env-backend envpool: EnvPool {todo} for {args.env_id}; use --env-backend gymnasium or auto")
-    if args.env_backend.startswith("gymnasium"):
-        why = f"--env-backend {args.env_backend}"
-    elif task_id is not None:
+    if task_id is not None:
         why = f"EnvPool's {task_id} differs from the official task; --env-backend envpool uses it anyway"
-    elif importlib.util.find_spec("envpool"):
-        why = "EnvPool has no port of it"
+    elif args.env_backend == "gymnasium":
+        why = "--env-backend gymnasium"
     else:
-        why = "EnvPool is not installed; pip install envpool==1.2.0 for faster envs"
-    kind = "AsyncVectorEnv" if args.env_backend == "gymnasium-async" else "SyncVectorEnv"
-    return (
-        args.env_backend if args.env_backend != "auto" else "gymnasium",
-        f"training envs: gymnasium {kind} of {gym_id} ({why})",
-    )
+        installed = importlib.util.find_spec("envpool") is not None
+        why = "EnvPool " + ("has no port of it" if installed else "is not installed (pip install envpool==1.2.0)")
+    if args.env_backend == "envpool":
+        raise ConfigError(f"--env-backend envpool: {why} for {args.env_id}; use --env-backend gymnasium or auto")
+    return "gymnasium", f"training envs: gymnasium's {gym_id} ({why})"
 
 
 class EnvPoolVectorEnv(gym.vector.VectorEnv):
@@ -839,64 +849,19 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
 
 
 def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.VectorEnv:
-    """The training envs of --env-backend ("auto" is resolved here): NEXT_STEP resets and episode statistics on every
-    backend. EnvPool runs --env-threads threads, else `threads` (at most num_envs). The caller resets them."""
+    """The training envs of --env-backend ("auto" is resolved here): NEXT_STEP resets and episode statistics on both
+    backends; EnvPool runs `threads` threads (at most num_envs). The caller resets them."""
     backend = choose_env_backend(args)[0] if args.env_backend == "auto" else args.env_backend
-    if backend.startswith("gymnasium"):
-        return make_vector_env(args, args.num_envs, seed, asynchronous=backend == "gymnasium-async")
-    gym_id, num_threads = resolve_env_id(args.env_id), args.env_threads or min(threads, args.num_envs)
+    if backend == "gymnasium":
+        return make_vector_env(args, args.num_envs, seed)
+    gym_id = resolve_env_id(args.env_id)
     with gym.make(gym_id) as official:
-        envs = EnvPoolVectorEnv(envpool_task_id(gym_id), official, args.num_envs, num_threads, args.max_episode_steps)
+        envs = EnvPoolVectorEnv(
+            envpool_task_id(gym_id), official, args.num_envs, min(threads, args.num_envs), args.max_episode_steps
+        )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     envs.action_space.seed(seed)
     return envs
-
-
-class RunningMeanStd:
-    """Running mean and variance (float64) of a stream of batches (Chan et al.'s parallel update), shared by all training
-    envs. Disabled (--no-norm-obs), it keeps its initial statistics and `normalize` only casts to float32."""
-
-    def __init__(self, shape: tuple[int, ...] = (), enabled: bool = True):
-        self.mean, self.var, self.count, self.enabled = np.zeros(shape), np.ones(shape), 1e-4, enabled
-
-    def update(self, x: np.ndarray) -> None:
-        if not self.enabled:
-            return
-        batch_mean, batch_var, n = x.mean(axis=0), x.var(axis=0), x.shape[0]
-        delta, total = batch_mean - self.mean, self.count + n
-        # LaTeX: \sigma^2 \leftarrow \frac{n \sigma^2 + n_b \sigma_b^2 + \delta^2 n n_b / (n + n_b)}{n + n_b}
-        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
-        # LaTeX: \mu \leftarrow \mu + \delta \frac{n_b}{n + n_b}, \quad n \leftarrow n + n_b
-        self.mean, self.count = self.mean + delta * n / total, total
-
-    def normalize(self, x: np.ndarray) -> np.ndarray:
-        if not self.enabled:
-            return np.asarray(x, np.float32)
-        # LaTeX: \tilde{o} = \operatorname{clip}\left(\frac{o - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, -10, 10\right)
-        return np.clip((x - self.mean) / np.sqrt(self.var + 1e-8), -10.0, 10.0).astype(np.float32)
-
-    def state_dict(self) -> dict:
-        as_tensor = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-        return {"mean": as_tensor(self.mean), "var": as_tensor(self.var), "count": float(self.count)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].numpy().copy(), state["var"].numpy().copy(), float(state["count"])
-
-
-class RewardScaler:
-    """--reward-scaling: rewards divided by the running std of the discounted return of each env's episode."""
-
-    def __init__(self, num_envs: int, gamma: float, enabled: bool):
-        self.rms, self.gamma, self.enabled, self.discounted_return = RunningMeanStd(), gamma, enabled, np.zeros(num_envs)
-
-    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
-        if not self.enabled:
-            return reward
-        # LaTeX: G_t = \gamma (1 - \mathrm{done}_{t-1}) G_{t-1} + r_t, \quad \tilde{r}_t = r_t / \sqrt{\sigma_G^2 + 10^{-8}}
-        self.discounted_return = self.discounted_return * self.gamma + reward
-        self.rms.update(self.discounted_return)
-        self.discounted_return[done] = 0.0
-        return reward / np.sqrt(self.rms.var + 1e-8)
 
 
 # ---------------------------------------------------------------------------------------
@@ -904,10 +869,9 @@ class RewardScaler:
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
-    """One episode per eval env with the deterministic policy (the Gaussian mean), then one with sampled actions from
-    the same starts, both on the frozen normalizer; logs `eval/*` and returns the deterministic returns.
-    `eval/sampled_return_mean` shows where the evaluated policy and the one that trained part; `eval/episodes_below_100`
-    counts the failed episodes (a walker that never gets up)."""
+    """One episode per eval env with the deterministic policy (the Gaussian mean), then one with sampled actions from the
+    same starts, on the frozen normalizer; logs `eval/*` (the sampled return shows where the two policies part, the
+    episodes below 100 a walker that never gets up) and returns the deterministic returns."""
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
 
     def sampled_action(obs: torch.Tensor) -> torch.Tensor:
@@ -925,19 +889,27 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
 
 
 def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One episode per eval env, acting with `policy(normalized obs)`; the returns and lengths."""
+    """One episode per eval env, acting with `policy(normalized obs)`; the returns and lengths. With `video_name`, env 0's
+    episode goes to `<run_dir>/videos/<video_name>.mp4`."""
     envs, space = run.eval_envs, run.eval_envs.single_action_space
-    if video_name is not None:
-        envs.unwrapped.envs[0].get_wrapper_attr("start")(video_name)
     obs, _ = envs.reset(seed=run.args.seed + 10_000)
+    frames = [envs.unwrapped.envs[0].render()] if video_name else None
     returns, lengths = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=np.int64)
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         actions = policy(torch.as_tensor(run.obs_rms.normalize(obs), device=run.device)).cpu().numpy()
         obs, rewards, terminated, truncated, _ = envs.step(np.clip(actions, space.low, space.high))
+        if frames is not None and not finished[0]:
+            frames.append(envs.unwrapped.envs[0].render())
         returns += rewards * ~finished
         lengths += ~finished
         finished |= terminated | truncated
+    if frames is not None:
+        import imageio
+
+        fps = 1 / envs.unwrapped.envs[0].unwrapped.dt if hasattr(envs.unwrapped.envs[0].unwrapped, "dt") else 30
+        os.makedirs(os.path.join(run.run_dir, "videos"), exist_ok=True)
+        imageio.mimsave(os.path.join(run.run_dir, "videos", f"{video_name}.mp4"), frames, fps=fps, macro_block_size=1)
     return returns, lengths
 
 
@@ -945,10 +917,12 @@ def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.nd
 # Checkpoints
 # ---------------------------------------------------------------------------------------
 def rng_state(device: torch.device) -> dict:
-    _, key, pos, has_gauss, gauss = np.random.get_state()  # numpy's cached Gaussian too: resume is bit-for-bit
+    """The generators the run draws from: torch's (minibatch order, RPO's noise), numpy's (the rollout's actions, its
+    cached Gaussian too) and the GPU's where there is one (the script draws nothing from it; a user's change might)."""
+    _, key, pos, has_gauss, gauss = np.random.get_state()
     numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
-    state = {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
-    if device.type == "cuda":  # the GPU's own generator (the scripts draw nothing from it; a user's change might)
+    state = {"torch": torch.get_rng_state(), "numpy": numpy}
+    if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
@@ -956,9 +930,8 @@ def rng_state(device: torch.device) -> dict:
 def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> None:
     """The checkpoint's generators; one line where the resumed run cannot repeat an uninterrupted one bit for bit."""
     torch.set_rng_state(state["torch"])
-    n, (version, internal, gauss_next) = state["numpy"], state["python"]
+    n = state["numpy"]
     np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    random.setstate((version, tuple(internal), gauss_next))
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
     if saved_on != device.type:
@@ -1005,7 +978,7 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 # Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
 RUN_FIELDS = "exp_name cuda track wandb_project_name wandb_entity capture_video output_dir total_timesteps".split()
-RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_threads", "env_threads"]
+RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_threads"]
 RUN_FIELDS += ["checkpoint", "eval_only", "resume"]
 
 
@@ -1030,7 +1003,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
         require(getattr(args, name) >= 1, name, ">= 1")
     for name in ("ent_coef", "vf_coef", "rpo_alpha"):
         require(getattr(args, name) >= 0, name, ">= 0")
-    for name in ("torch_threads", "env_threads", "eval_interval"):
+    for name in ("torch_threads", "eval_interval"):
         require(getattr(args, name) >= 0, name, ">= 0 (0: the default)")
     for name in ("gamma", "gae_lambda"):
         require(0.0 <= getattr(args, name) <= 1.0, name, "in [0, 1]")
@@ -1042,29 +1015,19 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     batch = args.num_envs * args.num_steps
     require(batch % args.num_minibatches == 0, "num_minibatches", f"a divisor of the rollout of {batch}")
     require(args.eval_only or args.total_timesteps >= batch, "total_timesteps", f">= num_envs * num_steps ({batch})")
-    check_env(args.env_id)
+    with gym.make(resolve_env_id(args.env_id)) as env:  # one env is built and closed: its action space
+        space = env.action_space
+    if not isinstance(space, gym.spaces.Box):
+        use = ": use ppo_discrete.py" if isinstance(space, gym.spaces.Discrete) else ""
+        raise ConfigError(f"{args.env_id} has a {type(space).__name__} action space; {SCRIPT}.py needs Box actions{use}")
     if args.capture_video:
         check_video(args.env_id, gl_backend)
-    check_output_dir(args.output_dir)
-
-
-def check_env(env_id: str) -> None:
-    """The env id resolves and has a Box action space (one env is built and closed)."""
-    with gym.make(resolve_env_id(env_id)) as env:
-        space = env.action_space
-    if isinstance(space, gym.spaces.Discrete):
-        raise ConfigError(f"{env_id} has a Discrete action space; {SCRIPT}.py needs Box actions: use ppo_discrete.py")
-    if not isinstance(space, gym.spaces.Box):
-        raise ConfigError(f"{env_id} has a {type(space).__name__} action space; {SCRIPT}.py needs a Box action space")
-
-
-def check_output_dir(output_dir: str) -> None:
     try:
-        os.makedirs(output_dir, exist_ok=True)
+        os.makedirs(args.output_dir, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"--output-dir {output_dir!r} cannot be created ({e.strerror or e})") from None
-    if not os.access(output_dir, os.W_OK | os.X_OK):
-        raise ConfigError(f"--output-dir {output_dir!r} is not writable")
+        raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created ({e.strerror or e})") from None
+    if not os.access(args.output_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output-dir {args.output_dir!r} is not writable")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import copy
 import dataclasses
 import math
 import os
-import random
 import re
 import sys
 import time
@@ -47,7 +46,7 @@ class Args:
     exp_name: str = "ppo_discrete"
     """name of this experiment (part of the run name)"""
     seed: int = 1
-    """seed of the experiment (python, numpy, torch, envs)"""
+    """seed of the experiment (torch, numpy and the environments)"""
     torch_deterministic: bool = True
     """set `torch.backends.cudnn.deterministic=True` (turn it off only for a network of your own that uses cuDNN)"""
     cuda: bool = True
@@ -162,6 +161,36 @@ def categorical_log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) ->
     # LaTeX: \mathcal{H}[\pi_\theta(\cdot|s_t)] = -\sum_b \pi_\theta(b|s_t) \log \pi_\theta(b|s_t)
     entropy = -(log_probs.exp() * log_probs).sum(-1)
     return log_prob, entropy
+
+
+# ---------------------------------------------------------------------------------------
+# Observation normalization
+# ---------------------------------------------------------------------------------------
+class RunningMeanStd:
+    """Running mean/variance (float64) of observations, merged batch by batch (Chan et al.); disabled, a no-op."""
+
+    def __init__(self, shape: tuple[int, ...], enabled: bool = True):
+        self.mean, self.var, self.count, self.enabled = np.zeros(shape), np.ones(shape), 1e-4, enabled
+
+    def update(self, x: np.ndarray) -> None:
+        if not self.enabled:
+            return
+        batch_mean, batch_var, n = x.mean(0), x.var(0), x.shape[0]
+        delta, total = batch_mean - self.mean, self.count + n
+        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
+        self.mean, self.count = self.mean + delta * n / total, total
+
+    def normalize(self, x: np.ndarray) -> np.ndarray:
+        if not self.enabled:
+            return np.asarray(x, np.float32)
+        # LaTeX: \tilde{s} = \operatorname{clip}\left(\frac{s - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, -10, 10\right)
+        return np.clip((x - self.mean) / np.sqrt(self.var + 1e-8), -10.0, 10.0).astype(np.float32)
+
+    def state_dict(self) -> dict:
+        return {"mean": torch.from_numpy(self.mean), "var": torch.from_numpy(self.var), "count": float(self.count)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].numpy().copy(), state["var"].numpy().copy(), float(state["count"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -414,7 +443,6 @@ def set_up(args: Args) -> Run:
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
 
-    random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -432,9 +460,8 @@ def set_up(args: Args) -> Run:
     table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
-    video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
     envs = make_vector_env(args, args.num_envs, args.seed)
-    eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, video_dir)
+    eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, render_first=args.capture_video)
     obs_dim = envs.single_observation_space.shape[0]
     num_actions = int(envs.single_action_space.n)
     with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
@@ -615,77 +642,22 @@ def check_video(env_id: str) -> None:
         raise ConfigError(f"--capture-video: {env_id} cannot render ({reason})") from None
 
 
-class RecordEpisodeVideo(gym.Wrapper):
-    """Write the next complete episode after ``start(name)`` to ``<video_dir>/<name>.mp4``."""
-
-    def __init__(self, env: gym.Env, video_dir: str):
-        super().__init__(env)
-        self.video_dir, self.name, self.frames = video_dir, None, []
-        self.fps = env.metadata.get("render_fps") or 30  # the env's own playback rate, as gymnasium's RecordVideo takes it
-
-    def start(self, name: str) -> None:
-        self.name = name  # recording starts at the next reset: whole episodes only
-
-    def reset(self, **kwargs):
-        out = self.env.reset(**kwargs)
-        self.frames = [] if self.name is None else [self.env.render()]
-        return out
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        if self.name is not None:
-            self.frames.append(self.env.render())
-            if terminated or truncated:
-                import imageio
-
-                os.makedirs(self.video_dir, exist_ok=True)
-                imageio.mimsave(f"{self.video_dir}/{self.name}.mp4", self.frames, fps=self.fps, macro_block_size=1)
-                self.name, self.frames = None, []
-        return obs, reward, terminated, truncated, info
-
-
-def make_vector_env(args: Args, num_envs: int, seed: int, video_dir: str | None = None) -> gym.vector.VectorEnv:
-    """Envs seeded (the caller resets them with its seed), SAME_STEP autoreset: no reset steps; ``infos["final_obs"]``."""
+def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = False) -> gym.vector.VectorEnv:
+    """Envs seeded (the caller resets them with its seed), SAME_STEP autoreset: no reset steps; ``infos["final_obs"]``.
+    Env 0 draws rgb frames with `render_first`."""
     env_id = resolve_env_id(args.env_id)
 
-    def make(record: bool) -> gym.Env:
-        env = gym.make(env_id, render_mode="rgb_array" if record else None)
+    def make(render: bool) -> gym.Env:
+        env = gym.make(env_id, render_mode="rgb_array" if render else None)
         if not (isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) == 1):
             env = gym.wrappers.FlattenObservation(env)
-        return RecordEpisodeVideo(env, video_dir) if record else env
+        return env
 
-    thunks = [lambda record=(video_dir is not None and i == 0): make(record) for i in range(num_envs)]
+    thunks = [lambda render=(render_first and i == 0): make(render) for i in range(num_envs)]
     envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     envs.action_space.seed(seed)
     return envs
-
-
-class RunningMeanStd:
-    """Running mean/variance (float64) of observations, merged batch by batch (Chan et al.); disabled, a no-op."""
-
-    def __init__(self, shape: tuple[int, ...], enabled: bool = True):
-        self.mean, self.var, self.count, self.enabled = np.zeros(shape), np.ones(shape), 1e-4, enabled
-
-    def update(self, x: np.ndarray) -> None:
-        if not self.enabled:
-            return
-        batch_mean, batch_var, n = x.mean(0), x.var(0), x.shape[0]
-        delta, total = batch_mean - self.mean, self.count + n
-        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
-        self.mean, self.count = self.mean + delta * n / total, total
-
-    def normalize(self, x: np.ndarray) -> np.ndarray:
-        if not self.enabled:
-            return np.asarray(x, np.float32)
-        # LaTeX: \tilde{s} = \operatorname{clip}\left(\frac{s - \mu}{\sqrt{\sigma^2 + 10^{-8}}}, -10, 10\right)
-        return np.clip((x - self.mean) / np.sqrt(self.var + 1e-8), -10.0, 10.0).astype(np.float32)
-
-    def state_dict(self) -> dict:
-        return {"mean": torch.from_numpy(self.mean), "var": torch.from_numpy(self.var), "count": float(self.count)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].numpy().copy(), state["var"].numpy().copy(), float(state["count"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -693,20 +665,28 @@ class RunningMeanStd:
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
-    """One episode per eval env, greedy ``argmax_a pi(a|s)``, frozen normalizer; logs ``eval/*``, returns the returns."""
+    """One episode per eval env, greedy ``argmax_a pi(a|s)``, frozen normalizer; logs ``eval/*``, returns the returns.
+    With `video_name`, env 0's episode goes to `<run_dir>/videos/<video_name>.mp4`."""
     envs = run.eval_envs
-    if video_name is not None:
-        envs.unwrapped.envs[0].get_wrapper_attr("start")(video_name)
     obs, _ = envs.reset(seed=run.args.seed + 10_000)
+    frames = [envs.unwrapped.envs[0].render()] if video_name else None
     returns, lengths = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=np.int64)
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         # LaTeX: a_t = \arg\max_b \pi_\theta(b|s_t)
         actions = run.agent.actor(as_tensor(obs, run.obs_rms, run.device)).argmax(-1).cpu().numpy()
         obs, rewards, terminated, truncated, _ = envs.step(actions)
+        if frames is not None and not (finished[0] or terminated[0] or truncated[0]):  # SAME_STEP: env 0 has reset
+            frames.append(envs.unwrapped.envs[0].render())
         returns += rewards * ~finished
         lengths += ~finished
         finished |= terminated | truncated
+    if frames is not None:
+        import imageio
+
+        os.makedirs(os.path.join(run.run_dir, "videos"), exist_ok=True)
+        fps = envs.unwrapped.envs[0].metadata.get("render_fps") or 30
+        imageio.mimsave(os.path.join(run.run_dir, "videos", f"{video_name}.mp4"), frames, fps=fps, macro_block_size=1)
     stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
     for name, value in {**stats, "length_mean": lengths.mean()}.items():
         run.writer.add_scalar(f"eval/{name}", float(value), run.global_step)
@@ -717,10 +697,12 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
 # Checkpoints
 # ---------------------------------------------------------------------------------------
 def rng_state(device: torch.device) -> dict:
-    _, key, pos, has_gauss, gauss = np.random.get_state()  # numpy's cached Gaussian too: resume is bit-for-bit
+    """The generators the run could draw from: torch's (the rollout's actions, minibatch order), numpy's (with its
+    cached Gaussian) and the GPU's where there is one (the script draws nothing from it; a user's change might)."""
+    _, key, pos, has_gauss, gauss = np.random.get_state()
     numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
-    state = {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
-    if device.type == "cuda":  # the GPU's own generator (the scripts draw nothing from it; a user's change might)
+    state = {"torch": torch.get_rng_state(), "numpy": numpy}
+    if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
@@ -728,22 +710,32 @@ def rng_state(device: torch.device) -> dict:
 def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> None:
     """The checkpoint's generators; one line where the resumed run cannot repeat an uninterrupted one bit for bit."""
     torch.set_rng_state(state["torch"])
-    n, (version, internal, gauss_next) = state["numpy"], state["python"]
+    n = state["numpy"]
     np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    random.setstate((version, tuple(internal), gauss_next))
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
     if saved_on != device.type:
-        same = "the same state, but the two devices round floating point differently, so the run will not repeat"
-        print(f"note: {path} was written on {saved_on} and resumes on {device.type}: {same} an uninterrupted one bit for bit")
+        print(
+            f"note: {path} was written on {saved_on} and resumes on {device.type}: the same state, but the two devices "
+            "round floating point differently, so the run will not repeat an uninterrupted one bit for bit"
+        )
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
     """``<script>_<kind>.pt`` with the run's state at ``run.global_step``; atomic: a temporary file renamed over it."""
     path = run.path(kind)
-    ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "device": run.device.type, "rng": rng_state(run.device)}
-    ckpt |= {"global_step": run.global_step, "iteration": run.iteration, "eval_return": run.last_eval}
-    ckpt |= {"agent": run.agent.state_dict(), "optimizer": run.optimizer.state_dict(), "obs_rms": run.obs_rms.state_dict()}
+    ckpt = {
+        "algo": SCRIPT,
+        "args": dataclasses.asdict(run.args),
+        "rng": rng_state(run.device),
+        "device": run.device.type,
+        "eval_return": run.last_eval,
+        "global_step": run.global_step,
+        "iteration": run.iteration,
+        "agent": run.agent.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "obs_rms": run.obs_rms.state_dict(),
+    }
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 
@@ -797,28 +789,21 @@ def check_args(args: Args) -> None:
     require(args.eval_only or args.total_timesteps >= batch, "total_timesteps", f"at least one batch of {batch} steps")
     with warnings.catch_warnings():  # gymnasium's on render modes, dm_control's on a missing display: noise beside one line
         warnings.simplefilter("ignore")
-        check_env(args.env_id)
+        with gym.make(resolve_env_id(args.env_id)) as env:  # one env is built and closed: its action space
+            space = env.action_space
         if args.capture_video:
             check_video(args.env_id)
-    check_output_dir(args.output_dir)
-
-
-def check_env(env_id: str) -> None:
-    """The env id resolves and has a Discrete action space (one env is built and closed)."""
-    with gym.make(resolve_env_id(env_id)) as env:
-        space = env.action_space
     if not isinstance(space, gym.spaces.Discrete):
         use = "use ppo_continuous.py or vmpo_continuous.py"
-        raise ConfigError(f"{env_id} has a {type(space).__name__} action space; {SCRIPT}.py needs Discrete actions: {use}")
-
-
-def check_output_dir(output_dir: str) -> None:
+        raise ConfigError(
+            f"{args.env_id} has a {type(space).__name__} action space; {SCRIPT}.py needs Discrete actions: {use}"
+        )
     try:
-        os.makedirs(output_dir, exist_ok=True)
+        os.makedirs(args.output_dir, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"--output-dir {output_dir!r} cannot be created ({e.strerror or e})") from None
-    if not os.access(output_dir, os.W_OK | os.X_OK):
-        raise ConfigError(f"--output-dir {output_dir!r} is not writable")
+        raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created ({e.strerror or e})") from None
+    if not os.access(args.output_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output-dir {args.output_dir!r} is not writable")
 
 
 if __name__ == "__main__":

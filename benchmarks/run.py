@@ -90,7 +90,7 @@ class Runner:
         self.procs: set[subprocess.Popen] = set()
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # One thread per process when the cores are shared out, unless the user chose otherwise.
-        # The scripts' update (--torch-threads 0) and EnvPool (--env-threads 0) follow it.
+        # The scripts' update and EnvPool (--torch-threads 0) follow it.
         self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
 
     def say(self, msg: str) -> None:

@@ -719,7 +719,7 @@ class Objective:
         self.s = s
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # The runs share the cores, unless the user chose otherwise.
-        # The scripts' update (--torch-threads 0) and EnvPool (--env-threads 0) follow it.
+        # The scripts' update and EnvPool (--torch-threads 0) follow it.
         runs = len(s.tasks) * len(s.seeds)
         self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // runs)))
 
