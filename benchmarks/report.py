@@ -6,6 +6,12 @@ Writes `<out>/results.md` (also printed) with one row per algo/tag x env: the fi
 evaluation return as mean ± std over seeds (population std, ddof=0), each seed's value,
 the steps and the mean wall time; and `<out>/curves_<env>.png` per env: eval return against
 env steps and against wall time, one line per algo/tag (mean over seeds, min-max band).
+
+Then the aggregate, per suite (`common.AGGREGATE_SUITES`) and per algo/tag that ran every task of it: each run's final
+evaluation divided by its task's bar (`common.BAR_RETURNS`, the better of RPO and the widely used PPO), the
+interquartile mean over runs with a 95% stratified bootstrap interval (rliable, 2000 resamples), and
+`<out>/profile_<suite>.png`, the performance profile (the fraction of runs scoring above tau times the bar). A config
+enters with the same number of seeds on every task: the first n seeds of each, n the fewest it has on any task.
 """
 
 from __future__ import annotations
@@ -67,6 +73,73 @@ def table(groups: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+AGGREGATE_HEADER = (
+    "| suite | algo | tag | seeds per task | runs | IQM of return / bar [95% CI] | mean of return / bar |\n"
+    "|---|---|---|---|---|---|---|"
+)
+
+
+def normalized_scores(groups: dict, suite: list[tuple[str, int]]) -> dict[str, np.ndarray]:
+    """'algo [tag]' -> (seeds, tasks) final evaluations over the bar, for the configs that ran every task of `suite`."""
+    configs = {(algo, tag) for (_, algo, tag, _) in groups}
+    scores = {}
+    for algo, tag in sorted(configs):
+        per_task = [groups.get((env, algo, tag, budget)) for env, budget in suite]
+        if any(seeds is None for seeds in per_task):
+            continue
+        n = min(len(seeds) for seeds in per_task)
+        finals = [[runs[-1]["eval_return"] for runs in list(seeds.values())[:n]] for seeds in per_task]
+        bars = np.array([common.BAR_RETURNS[task] for task in suite])
+        scores[f"{algo} [{tag}]"] = np.array(finals, float).T / bars
+    return scores
+
+
+def aggregate(groups: dict, out: Path, reps: int = 2000) -> str:
+    """The aggregate table (Markdown) and one performance-profile PNG per suite."""
+    from rliable import library as rly
+    from rliable import metrics
+
+    lines = [AGGREGATE_HEADER]
+    for suite_name, suite in common.AGGREGATE_SUITES.items():
+        scores = normalized_scores(groups, suite)
+        if not scores:
+            continue
+        rng_state = np.random.get_state()
+        np.random.seed(0)  # rliable resamples with numpy's global generator: the same intervals on every run
+        point, interval = rly.get_interval_estimates(scores, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps)
+        np.random.set_state(rng_state)
+        for name, x in scores.items():
+            algo, tag = name.split(" [", 1)
+            lo, hi = interval[name][:, 0]
+            cells = [f"| {suite_name}", algo, tag[:-1], str(x.shape[0]), str(x.size)]
+            cells += [f"{point[name][0]:.3f} [{lo:.3f}, {hi:.3f}]", f"{x.mean():.3f} |"]
+            lines.append(" | ".join(cells))
+        plot_profile(scores, out / f"profile_{suite_name}.png", f"{suite_name} suite: {', '.join(e for e, _ in suite)}")
+    return "\n".join(lines) + "\n"
+
+
+def plot_profile(scores: dict[str, np.ndarray], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from rliable import library as rly
+
+    taus = np.linspace(0.0, 2.0, 81)
+    profiles, _ = rly.create_performance_profile(scores, taus)  # per config: the fraction of runs above each tau
+    fig, ax = plt.subplots(figsize=(8, 4.5 + 0.2 * len(scores)), constrained_layout=True)
+    for name, x in scores.items():
+        ax.plot(taus, profiles[name], label=f"{name} ({x.size} runs)")
+    ax.axvline(1.0, color="gray", linestyle=":")
+    ax.set_xlabel("tau (final eval return / bar)")
+    ax.set_ylabel("fraction of runs above tau")
+    ax.set_title(title, fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside lower center", ncols=2, fontsize="x-small")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def seed_band(seeds: dict[int, list[dict]], x_key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """x grid, mean, min and max over seeds of the eval return; each seed interpolated
     linearly onto the union of their x values, up to where the shortest seed ends."""
@@ -126,6 +199,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     groups = group_runs(rows)
     md = table(groups)
+    summary = aggregate(groups, out)
+    if summary.count("\n") > 2:
+        md += "\n" + summary
     (out / "results.md").write_text(md)
     print(md, end="")
     for env in sorted({k[0] for k in groups}):

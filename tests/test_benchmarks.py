@@ -184,6 +184,48 @@ def test_report_table_and_curves(tmp_path):
         assert image[..., :3].std() > 0.05, f"{png} looks blank"
 
 
+SHORT = {"cartpole/balance": (200_000, 509.0), "cartpole/swingup": (500_000, 849.0), "walker/walk": (1_000_000, 543.2)}
+SHORT |= {"finger/spin": (500_000, 553.3), "ball_in_cup/catch": (500_000, 619.9)}
+
+
+def test_report_aggregates_normalised_scores_with_an_iqm_and_a_profile(tmp_path):
+    """Config A: 4 seeds on every short-suite task; B: 3 seeds on one task, 4 elsewhere (it enters with 3 per task);
+    C lacks a task (left out). The IQM is checked against a trimmed mean written out here."""
+    header = "algo,tag,env,seed,budget,step,wall_time,eval_return,eval_std\n"
+    lines, expected = [], {"A": [], "B": []}
+    for t, (task, (budget, bar)) in enumerate(SHORT.items()):
+        for tag in ("A", "B", "C"):
+            if tag == "C" and task == "walker/walk":
+                continue
+            seeds = (1, 2, 3) if tag == "B" and task == "finger/spin" else (1, 2, 3, 4)
+            for seed in seeds:
+                final = bar * (0.5 + 0.11 * seed**3 + 0.09 * t + (0.3 if tag == "A" else 0.0))  # skewed: IQM < mean
+                lines.append(f"vmpo_continuous,{tag},dm_control/{task},{seed},{budget},{budget // 2},10,{final * 3},1\n")
+                lines.append(f"vmpo_continuous,{tag},dm_control/{task},{seed},{budget},{budget},20,{final},1\n")
+                if tag == "A" or (tag == "B" and seed <= 3):
+                    expected[tag].append(final / bar)
+    (tmp_path / "s.csv").write_text(header + "".join(lines))
+    proc = bench("report.py", tmp_path / "s.csv", "--out", tmp_path / "report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    md = (tmp_path / "report" / "results.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| short |")]
+    assert [r.split(" | ")[2] for r in rows] == ["A", "B"]  # C ran four of the five tasks
+    for row, tag in zip(rows, ("A", "B"), strict=True):
+        cells = row.strip("| ").split(" | ")
+        scores = sorted(expected[tag])
+        cut = len(scores) // 4  # the interquartile mean: drop a quarter at each end
+        iqm = sum(scores[cut : len(scores) - cut]) / (len(scores) - 2 * cut)
+        assert cells[3:5] == (["4", "20"] if tag == "A" else ["3", "15"])
+        point, lo, hi = (float(x) for x in re.findall(r"[\d.]+", cells[5]))
+        assert abs(iqm - sum(scores) / len(scores)) > 0.1  # so the check below tells the IQM from the mean
+        assert point == pytest.approx(iqm, abs=1e-3) and lo <= point <= hi and hi - lo > 0.01
+        assert float(cells[6]) == pytest.approx(sum(scores) / len(scores), abs=1e-3)
+    import matplotlib.image
+
+    image = matplotlib.image.imread(tmp_path / "report" / "profile_short.png")
+    assert image.shape[1] >= 700 and image[..., :3].std() > 0.05
+
+
 def test_report_on_runner_results(grid, tmp_path):
     out, _, _ = grid
     proc = bench("report.py", out, "--out", tmp_path)
