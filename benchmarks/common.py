@@ -27,7 +27,10 @@ DEFAULT_TAG = "default"
 
 # One row per evaluation of one run. `wall_time` is seconds since the run's first
 # TensorBoard event (the script opening its writer), so it includes the evaluations.
-RESULT_FIELDS = ("algo", "tag", "env", "seed", "budget", "step", "wall_time", "eval_return", "eval_std")
+# train_return: the mean return of the last 10 training episodes that ended by the evaluation's step (the measure of
+# published training curves), empty when none had ended or in rows written before the column existed.
+RESULT_FIELDS = ("algo", "tag", "env", "seed", "budget", "step", "wall_time", "eval_return", "eval_std", "train_return")
+TRAIN_EPISODES = 10
 RUN_KEY = ("algo", "tag", "env", "seed", "budget")  # the columns naming one run
 
 
@@ -220,7 +223,7 @@ def read_results(paths: Iterable[Path]) -> list[dict]:
         header, raw = read_csv(Path(path))
         if not header:
             raise BenchmarkError(f"{path}: no such results file (or it is empty)")
-        missing = [f for f in RESULT_FIELDS if f not in header]
+        missing = [f for f in RESULT_FIELDS if f not in header and f != "train_return"]  # optional: older files lack it
         if missing:
             raise BenchmarkError(f"{path}: not a results CSV, missing columns {missing}")
         for r in raw:
@@ -233,6 +236,7 @@ def read_results(paths: Iterable[Path]) -> list[dict]:
                     "wall_time": float(r["wall_time"]),
                     "eval_return": float(r["eval_return"]),
                     "eval_std": float(r["eval_std"] or "nan"),
+                    "train_return": float(r.get("train_return") or "nan"),
                 }
             )
     return rows
@@ -251,7 +255,7 @@ class EvalReader:
         self._acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
 
     def read(self) -> list[dict]:
-        """[{step, wall_time, eval_return, eval_std}] by step, for every evaluation logged so far.
+        """[{step, wall_time, eval_return, eval_std, train_return}] by step, for every evaluation logged so far.
 
         If a step was logged twice (a periodic evaluation falling on the last step and the
         final evaluation), the later event wins.
@@ -263,12 +267,19 @@ class EvalReader:
             return []
         start = acc.FirstEventTimestamp()
         stds = {e.step: e.value for e in acc.Scalars("eval/return_std")} if "eval/return_std" in tags else {}
+        episodes = acc.Scalars("charts/episodic_return") if "charts/episodic_return" in tags else []
+
+        def train_return(step: int) -> float:
+            ended = [e.value for e in episodes if e.step <= step][-TRAIN_EPISODES:]
+            return sum(ended) / len(ended) if ended else float("nan")
+
         by_step = {
             e.step: {
                 "step": e.step,
                 "wall_time": e.wall_time - start,
                 "eval_return": e.value,
                 "eval_std": stds.get(e.step, float("nan")),
+                "train_return": train_return(e.step),
             }
             for e in sorted(acc.Scalars("eval/return_mean"), key=lambda e: e.wall_time)
         }
@@ -276,5 +287,5 @@ class EvalReader:
 
 
 def read_eval_curve(run_dir: Path) -> list[dict]:
-    """Evaluations logged by one (finished) run: [{step, wall_time, eval_return, eval_std}], by step."""
+    """Evaluations logged by one (finished) run: [{step, wall_time, eval_return, eval_std, train_return}], by step."""
     return EvalReader(run_dir).read()

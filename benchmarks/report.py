@@ -4,7 +4,8 @@
 
 Writes `<out>/results.md` (also printed) with one row per algo/tag x env: the final
 evaluation return as mean ± std over seeds (population std, ddof=0), each seed's value,
-the steps and the mean wall time; and `<out>/curves_<env>.png` per env: eval return against
+the steps, the mean wall time and the mean training return of the last 10 episodes before the
+final evaluation; and `<out>/curves_<env>.png` per env: eval return against
 env steps and against wall time, one line per algo/tag (mean over seeds, min-max band).
 
 Then the aggregate, per suite (`common.AGGREGATE_SUITES`) and per algo/tag that ran every task of it: each run's final
@@ -27,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 TABLE_HEADER = (
-    "| env | algo | tag | budget | seeds | final eval return (mean ± std) | per seed | steps | wall time |\n"
-    "|---|---|---|---|---|---|---|---|---|"
+    "| env | algo | tag | budget | seeds | final eval return (mean ± std) | per seed | steps | wall time |"
+    " training return, last 10 episodes |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -50,6 +52,12 @@ def fmt_range(values: list[float], fmt) -> str:
     return fmt(lo) if lo == hi else f"{fmt(lo)}–{fmt(hi)}"
 
 
+def fmt_train_return(values: list[float]) -> str:
+    """Mean over the seeds that recorded one ('-' if none did; older rows have none)."""
+    known = [v for v in values if not np.isnan(v)]
+    return "-" if not known else f"{np.mean(known):.1f}" + ("" if len(known) == len(values) else f" ({len(known)} seeds)")
+
+
 def table(groups: dict) -> str:
     lines = [TABLE_HEADER]
     for (env, algo, tag, budget), seeds in groups.items():
@@ -66,7 +74,8 @@ def table(groups: dict) -> str:
                     f"{returns.mean():.1f} ± {returns.std():.1f}",
                     " / ".join(f"{v:.1f}" for v in returns),
                     fmt_range([f["step"] for f in finals], lambda v: f"{v:,}"),
-                    fmt_duration(float(np.mean([f["wall_time"] for f in finals]))) + " |",
+                    fmt_duration(float(np.mean([f["wall_time"] for f in finals]))),
+                    fmt_train_return([f["train_return"] for f in finals]) + " |",
                 ]
             )
         )

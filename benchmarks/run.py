@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -125,6 +126,7 @@ class Runner:
                 "wall_time": round(p["wall_time"], 3),
                 "eval_return": round(p["eval_return"], 4),
                 "eval_std": round(p["eval_std"], 4),
+                "train_return": "" if math.isnan(p["train_return"]) else round(p["train_return"], 4),
             }
             for p in curve
         ]

@@ -67,7 +67,8 @@ def grid(tmp_path_factory):
 def test_runner_writes_one_row_per_evaluation(grid):
     out, _, runs = grid
     rows = read_csv(out)
-    assert list(rows[0]) == ["algo", "tag", "env", "seed", "budget", "step", "wall_time", "eval_return", "eval_std"]
+    fields = ["algo", "tag", "env", "seed", "budget", "step", "wall_time", "eval_return", "eval_std", "train_return"]
+    assert list(rows[0]) == fields
     for seed, run in runs.items():
         mine = [r for r in rows if r["seed"] == str(seed)]
         assert {(r["algo"], r["tag"], r["env"], r["budget"]) for r in mine} == {("ppo_discrete", TAG, "CartPole-v1", "2048")}
@@ -76,6 +77,8 @@ def test_runner_writes_one_row_per_evaluation(grid):
         for r, (_, mean), (_, std) in zip(mine, scalars["eval/return_mean"], scalars["eval/return_std"], strict=True):
             assert float(r["eval_return"]) == pytest.approx(mean, abs=1e-3)
             assert float(r["eval_std"]) == pytest.approx(std, abs=1e-3)
+            ended = [v for step, v in scalars["charts/episodic_return"] if step <= int(r["step"])][-10:]
+            assert len(ended) == 10 and float(r["train_return"]) == pytest.approx(sum(ended) / 10, abs=1e-3)
         walls = [float(r["wall_time"]) for r in mine]
         assert 0 < walls[0] < walls[1] < json.loads((run / "done.json").read_text())["seconds"]
     assert len(rows) == 4
@@ -172,6 +175,7 @@ def test_report_table_and_curves(tmp_path):
         a = 0 if algo == "ppo_continuous" else 1
         wall = statistics.fmean(3 * (40 + 10 * s + a) for s in (1, 2, 3))  # 180 + 3a seconds
         assert row[8] == f"{int(round(wall)) // 60}m{int(round(wall)) % 60:02d}s"
+        assert row[9] == "-"  # these rows have no train_return column
     assert rows[("CartPole-v1", "ppo_continuous", "default")][5] == "188.5 ± 81.6"  # written out once by hand
 
     import matplotlib.image
@@ -233,6 +237,8 @@ def test_report_on_runner_results(grid, tmp_path):
     finals = [float(r["eval_return"]) for r in read_csv(out) if r["step"] == str(BUDGET)]
     row = table_rows((tmp_path / "results.md").read_text())[("CartPole-v1", "ppo_discrete", TAG)]
     assert row[5] == f"{statistics.fmean(finals):.1f} ± {statistics.pstdev(finals):.1f}"
+    trains = [float(r["train_return"]) for r in read_csv(out) if r["step"] == str(BUDGET)]
+    assert row[9] == f"{statistics.fmean(trains):.1f}"
     assert (tmp_path / "curves_CartPole-v1.png").stat().st_size > 20_000
 
 
