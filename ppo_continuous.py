@@ -68,8 +68,7 @@ class Args:
     num_envs: int = 8
     """number of parallel training environments"""
     env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
-    """training envs: auto (EnvPool where it is installed and its port is the official task), envpool or gymnasium;
-    evaluation is always on gymnasium's official env"""
+    """training envs (auto: EnvPool where its port is the official task); evaluation is always on the official env"""
     num_steps: int = 256
     """steps per environment per rollout; the batch is num_envs * num_steps"""
     gamma: float = 0.99
@@ -93,8 +92,7 @@ class Args:
     clip_coef: float = 0.2
     """surrogate clipping coefficient epsilon (also the value clipping range with --clip-vloss)"""
     clip_vloss: bool = False
-    """clip the value loss around the rollout's value predictions (the PPO2 code's variant: it slows how fast the value
-    can follow returns that jump, e.g. after a change of reward scale)"""
+    """clip the value loss around the rollout's values (PPO2's variant), for a value that overshoots jumping returns"""
     ent_coef: float = 0.0
     """entropy bonus coefficient (> 0 slows the std's collapse, at the price of a noisier final policy)"""
     vf_coef: float = 0.5
@@ -106,19 +104,15 @@ class Args:
     torch_threads: int = 0
     """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); the rollout acts in numpy"""
     target_kl: float | None = None
-    """stop the update's epochs early once an epoch's mean approximate KL exceeds this (e.g. 0.02: smaller, safer steps
-    where updates overshoot)"""
+    """end the update after an epoch whose mean approximate KL exceeds this (e.g. 0.02 where updates overshoot)"""
     rpo_alpha: float = 0.5
-    """RPO (Rahman & Xue, 2022): the update evaluates the new log-probability at the Gaussian mean shifted by fresh
-    Uniform(-alpha, alpha) noise, which holds the policy's std up where it would otherwise collapse; 0: plain PPO (RPO's
-    authors needed 0.01 on a few gymnasium MuJoCo tasks, such as Ant)"""
+    """RPO: the update shifts the Gaussian mean by Uniform(-alpha, alpha) noise, holding the std up; 0: plain PPO"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer sizes of the policy-mean MLP"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of the value MLP"""
     init_log_std: float = 0.0
-    """initial log standard deviation of the Gaussian policy (0: std 1 on actions in [-1, 1], so about a third of the
-    first actions land on the bounds once clipped)"""
+    """initial log standard deviation of the Gaussian policy (0: std 1 on actions in [-1, 1])"""
     norm_obs: bool = True
     """normalize observations by one running mean/std shared by all training envs (clipped to [-10, 10])"""
     reward_scaling: bool = True
@@ -563,13 +557,13 @@ def train(args: Args) -> dict:
             run.close()
         mean, std = float(eval_returns.mean()), float(eval_returns.std())
         print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
-        summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0}
-        return summary | {
+        summary = {
+            "run_dir": run.run_dir,
+            "global_step": run.global_step,
+            "train_sps": 0.0,
             "wall_time": time.time() - start_time,
-            "final_eval_return": mean,
-            "final_eval_std": std,
-            "best_eval_return": mean,
         }
+        return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
     args, agent, optimizer, writer = run.args, run.agent, run.optimizer, run.writer
     batch_size = args.num_envs * args.num_steps
     # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
