@@ -1,9 +1,7 @@
 """PPO for discrete actions: clipped surrogate objective with GAE, in one file.
 
-Proximal Policy Optimization (Schulman et al., 2017, https://arxiv.org/abs/1707.06347) with
-Generalized Advantage Estimation (Schulman et al., 2016, https://arxiv.org/abs/1506.02438): a categorical policy
-and a state-value critic (separate MLPs) trained on batches of ``num_envs * num_steps`` transitions collected by the
-current policy, for ``update_epochs`` passes over shuffled minibatches.
+Proximal Policy Optimization (Schulman et al., 2017, https://arxiv.org/abs/1707.06347) with Generalized Advantage
+Estimation (Schulman et al., 2016, https://arxiv.org/abs/1506.02438): a categorical policy and a separate value MLP.
 
     python ppo_discrete.py                                   # CartPole-v1, 100k steps
     python ppo_discrete.py --env-id Acrobot-v1 --total-timesteps 500000 --track
@@ -26,7 +24,6 @@ import sys
 import time
 import warnings
 from collections import deque
-from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -39,7 +36,7 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 # Arguments
 # ---------------------------------------------------------------------------------------
-@dataclass
+@dataclasses.dataclass
 class Args:
     """PPO with a categorical policy for discrete actions, in one file."""
 
@@ -92,7 +89,7 @@ class Args:
     max_grad_norm: float = 0.5
     """clip the global gradient norm to this value"""
     target_kl: float | None = None
-    """end the update after an epoch whose mean approx. KL to the acting policy exceeds this (e.g. 0.01 where updates overshoot)"""
+    """end the update after an epoch whose mean approximate KL exceeds this (e.g. 0.01 where updates overshoot)"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer widths of the policy (actor) MLP"""
     value_hidden_sizes: tuple[int, ...] = (64, 64)
@@ -154,7 +151,6 @@ class Agent(nn.Module):
 
 
 def categorical_log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability of ``actions`` and entropy of the softmax policy given ``logits``."""
     # LaTeX: \log \pi_\theta(b|s_t) = z_b - \log \sum_{b'} e^{z_{b'}} \quad (z = \mathrm{logits})
     log_probs = logits - logits.logsumexp(-1, keepdim=True)
     log_prob = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
@@ -196,7 +192,7 @@ class RunningMeanStd:
 # ---------------------------------------------------------------------------------------
 # Rollout
 # ---------------------------------------------------------------------------------------
-@dataclass
+@dataclasses.dataclass
 class Rollout:
     """``(num_steps, num_envs)`` storage in numpy: the env speaks numpy; one conversion per rollout."""
 
@@ -232,8 +228,7 @@ def as_tensor(obs: np.ndarray, obs_rms: RunningMeanStd, device: torch.device) ->
 
 @torch.inference_mode()
 def collect_rollout(agent, envs, raw_obs, obs_rms, device, buf: Rollout) -> tuple[np.ndarray, list]:
-    """Fill ``buf``, updating ``obs_rms``; return the next raw observation and the episodes that ended as (env steps into
-    the rollout, return, length)."""
+    """Fill ``buf``, update ``obs_rms``; return the next raw obs and the ended episodes' (step offset, return, length)."""
     num_steps, num_envs = buf.rewards.shape
     episodes = []
     obs_t = as_tensor(raw_obs, obs_rms, device)
@@ -268,9 +263,7 @@ def collect_rollout(agent, envs, raw_obs, obs_rms, device, buf: Rollout) -> tupl
 # Advantages
 # ---------------------------------------------------------------------------------------
 def compute_gae(rewards, values, next_values, terminated, truncated, gamma: float, gae_lambda: float):
-    """GAE advantages and value targets of a ``(num_steps, num_envs)`` rollout. ``next_values[t]`` is V of the real
-    successor (the final observation where an episode ended): a truncated step bootstraps from its final state, a
-    terminated step's successor is worth 0, and the recursion stops at every episode end."""
+    """Advantages and value targets of a ``(num_steps, num_envs)`` rollout; the recursion stops at every episode end."""
     not_done = 1.0 - (terminated | truncated).float()
     # LaTeX: \delta_t = r_t + \gamma (1 - \mathrm{terminated}_t) V(s_{t+1}) - V(s_t)
     deltas = rewards + gamma * (1.0 - terminated.float()) * next_values - values
@@ -291,7 +284,6 @@ def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
-    """1 - Var[R - V] / Var[R] with population variances; NaN where the returns do not vary."""
     var_returns = returns.var(unbiased=False)
     # LaTeX: \mathrm{EV} = 1 - \frac{\operatorname{Var}[\hat{R}_t - V(s_t)]}{\operatorname{Var}[\hat{R}_t]}
     return float("nan") if var_returns == 0 else float(1.0 - (returns - values).var(unbiased=False) / var_returns)
@@ -301,14 +293,12 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
 # Losses and update
 # ---------------------------------------------------------------------------------------
 def clipped_surrogate_loss(ratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float) -> torch.Tensor:
-    """Negative of the clipped surrogate objective L^CLIP (Eq. 7 of the PPO paper), to minimize."""
-    # The paper maximizes L^CLIP; this is its negative, minimized by gradient descent.
+    # The paper maximizes L^CLIP (its Eq. 7); this is its negative, minimized by gradient descent.
     # LaTeX: L^{CLIP} = -\mathbb{E}_t\left[\min\left(\rho_t \hat{A}_t, \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon) \hat{A}_t\right)\right]
     return -torch.min(ratio * advantages, ratio.clamp(1 - clip_coef, 1 + clip_coef) * advantages).mean()
 
 
 def value_loss(new_values, old_values, returns, clip_coef: float, clip_vloss: bool) -> torch.Tensor:
-    """Half mean squared error to the targets; with ``clip_vloss`` the pessimistic clipped form."""
     unclipped = (new_values - returns) ** 2
     if not clip_vloss:
         # LaTeX: L^{V} = \frac{1}{2} \mathbb{E}_t\left[\left(V_\theta(s_t) - \hat{R}_t\right)^2\right]
@@ -386,10 +376,8 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict, args
 # ---------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------
-@dataclass
+@dataclasses.dataclass
 class Run:
-    """What ``set_up`` builds and the training loop uses."""
-
     args: Args
     device: torch.device
     run_dir: str
@@ -417,17 +405,6 @@ class Run:
             wandb.finish()
 
 
-@contextlib.contextmanager
-def one_thread():
-    """Torch on one CPU thread inside the block: results that do not depend on the machine's core count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def set_up(args: Args) -> Run:
     """Checks, seeds, run dir, logging, envs, agent; a checkpoint's state when resuming or evaluating."""
     if args.eval_only and not args.checkpoint:
@@ -449,8 +426,6 @@ def set_up(args: Args) -> Run:
     if args.cuda and not torch.cuda.is_available():
         print("CUDA is not available; running on CPU")
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
-    if device.type == "cpu":
-        torch.set_num_threads(1)  # tiny MLPs: threading costs more than it saves
     if args.track:
         import wandb
 
@@ -464,8 +439,11 @@ def set_up(args: Args) -> Run:
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, render_first=args.capture_video)
     obs_dim = envs.single_observation_space.shape[0]
     num_actions = int(envs.single_action_space.n)
-    with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
-        agent = Agent(obs_dim, num_actions, args.policy_hidden_sizes, args.value_hidden_sizes).to(device)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the orthogonal init's QR sums in an order that depends on the thread count
+    agent = Agent(obs_dim, num_actions, args.policy_hidden_sizes, args.value_hidden_sizes).to(device)
+    if device.type == "cuda":  # on the CPU torch keeps one thread: for tiny MLPs threading costs more than it saves
+        torch.set_num_threads(threads)
     obs_rms = RunningMeanStd((obs_dim,), args.norm_obs)
     run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), obs_rms)
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
@@ -483,19 +461,12 @@ def train(args: Args) -> dict:
     run = set_up(args)
     start_time = time.time()
     if args.eval_only:  # evaluate the checkpoint's policy once, log it, print one line
-        try:
+        with contextlib.closing(run):
             eval_returns = evaluate(run, "eval-only" if args.capture_video else None)
-        finally:
-            run.close()
         mean, std = float(eval_returns.mean()), float(eval_returns.std())
         print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
-        summary = {
-            "run_dir": run.run_dir,
-            "global_step": run.global_step,
-            "train_sps": 0.0,
-            "wall_time": time.time() - start_time,
-        }
-        return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
+        summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=0.0, wall_time=time.time() - start_time)
+        return summary | dict(final_eval_return=mean, final_eval_std=std, best_eval_return=mean)
     args, agent, optimizer, writer = run.args, run.agent, run.optimizer, run.writer
     batch_size = args.num_envs * args.num_steps
     # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
@@ -507,13 +478,12 @@ def train(args: Args) -> dict:
     rollout = Rollout.empty(args.num_steps, run.envs)
     raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
     run.obs_rms.update(raw_obs)
-    final_step = num_iterations * batch_size
+    end_step = num_iterations * batch_size
     if run.iteration > 0:
-        print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; ", end="")
-        print(f"training to step {final_step}")
-    elif final_step != args.total_timesteps:
+        print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; training to step {end_step}")
+    elif end_step != args.total_timesteps:
         rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
-        print(f"training to step {final_step}: {rounded}")
+        print(f"training to step {end_step}: {rounded}")
     recent_returns = deque(maxlen=20)
     train_time, trained_steps = 0.0, 0
     # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
@@ -540,11 +510,7 @@ def train(args: Args) -> dict:
             batch.update(advantages=advantages.flatten(), returns=returns.flatten())
 
             # ---- update
-            try:
-                stats = ppo_update(agent, optimizer, batch, args)
-            except TrainingDiverged as e:
-                kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
-                raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
+            stats = ppo_update(agent, optimizer, batch, args)
             if acting_agent is not agent:
                 acting_agent.load_state_dict(agent.state_dict())
             run.iteration, run.global_step = iteration, run.global_step + batch_size
@@ -568,7 +534,10 @@ def train(args: Args) -> dict:
                 if run.last_eval >= run.best_eval:
                     run.best_eval = run.last_eval
                     save_checkpoint(run, "best")
-            print_progress(run, sps, np.mean(recent_returns or [math.nan]), final=last)
+            print_progress(run, sps, recent_returns, final=last)
+    except TrainingDiverged as e:  # raised by ppo_update before the step was counted
+        kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
+        raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
     except KeyboardInterrupt:
         # The step is read back from the file: Ctrl-C can land inside a save, after its rename.
         saved = torch.load(run.path("last"), map_location="cpu", weights_only=True)["global_step"]
@@ -576,24 +545,22 @@ def train(args: Args) -> dict:
         raise
     finally:
         run.close()
-    summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": sps, "wall_time": time.time() - start_time}
-    final = {"final_eval_return": run.last_eval, "final_eval_std": eval_returns.std(), "best_eval_return": run.best_eval}
-    return summary | final
+    summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=sps, wall_time=time.time() - start_time)
+    return summary | dict(final_eval_return=run.last_eval, final_eval_std=eval_returns.std(), best_eval_return=run.best_eval)
 
 
-def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> None:
+def print_progress(run: Run, sps: float, recent_returns: deque, final: bool) -> None:
     """On a terminal, one line rewritten in place after every update; in a file or a pipe, a line every 5% of the run
     and at the end. The return is the mean of the last 20 finished training episodes, '-' before the first one ends."""
-    step, total, eval_return = run.global_step, run.args.total_timesteps, run.last_eval
+    step, total = run.global_step, run.args.total_timesteps
     tty, batch = sys.stdout.isatty(), run.args.num_envs * run.args.num_steps
     if not (tty or final or step * 20 // total > (step - batch) * 20 // total):
         return
     seconds = int((total - step) / sps) if sps > 0 else 0
     eta = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-    evaluation = "-" if eval_return is None else f"{eval_return:.1f}"
-    line = f"step {step}/{total} ({100 * step / total:.1f}%) | SPS {sps:.0f} | ETA {eta}"
-    recent = "-" if math.isnan(recent_return) else f"{recent_return:.1f}"
-    line += f" | return {recent} | eval {evaluation}"
+    recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
+    evaluation = "-" if run.last_eval is None else f"{run.last_eval:.1f}"
+    line = f"step {step}/{total} ({100 * step / total:.1f}%) | SPS {sps:.0f} | ETA {eta} | return {recent} | eval {evaluation}"
     print(f"\r{line}\033[K" if tty else line, end="\n" if final or not tty else "", flush=True)
 
 
@@ -629,22 +596,8 @@ def resolve_env_id(env_id: str) -> str:
     return env_id
 
 
-def check_video(env_id: str) -> None:
-    """--capture-video: one env renders one frame now, so an env that cannot render fails here, in one line."""
-    try:
-        with gym.make(resolve_env_id(env_id), render_mode="rgb_array") as env:
-            env.reset(seed=0)
-            frame = env.render()
-        if not isinstance(frame, np.ndarray):
-            raise TypeError(f"render() returned {type(frame).__name__}, not an rgb frame")
-    except Exception as e:  # a renderer that cannot start: name it, without a traceback
-        reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-        raise ConfigError(f"--capture-video: {env_id} cannot render ({reason})") from None
-
-
 def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = False) -> gym.vector.VectorEnv:
-    """Envs seeded (the caller resets them with its seed), SAME_STEP autoreset: no reset steps; ``infos["final_obs"]``.
-    Env 0 draws rgb frames with `render_first`."""
+    """SAME_STEP autoreset (no reset steps; ``infos["final_obs"]``), reset by the caller; env 0 renders with `render_first`."""
     env_id = resolve_env_id(args.env_id)
 
     def make(render: bool) -> gym.Env:
@@ -665,8 +618,7 @@ def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = F
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
-    """One episode per eval env, greedy ``argmax_a pi(a|s)``, frozen normalizer; logs ``eval/*``, returns the returns.
-    With `video_name`, env 0's episode goes to `<run_dir>/videos/<video_name>.mp4`."""
+    """One greedy episode per eval env, frozen normalizer; logs ``eval/*``; films env 0 to ``videos/<video_name>.mp4``."""
     envs = run.eval_envs
     obs, _ = envs.reset(seed=run.args.seed + 10_000)
     frames = [envs.unwrapped.envs[0].render()] if video_name else None
@@ -697,8 +649,7 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
 # Checkpoints
 # ---------------------------------------------------------------------------------------
 def rng_state(device: torch.device) -> dict:
-    """The generators the run could draw from: torch's (the rollout's actions, minibatch order), numpy's (with its
-    cached Gaussian) and the GPU's where there is one (the script draws nothing from it; a user's change might)."""
+    """The generators: torch's (actions, minibatch order); numpy's (cached Gaussian too) and the GPU's, for a user's change."""
     _, key, pos, has_gauss, gauss = np.random.get_state()
     numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
     state = {"torch": torch.get_rng_state(), "numpy": numpy}
@@ -715,10 +666,8 @@ def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> 
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
     if saved_on != device.type:
-        print(
-            f"note: {path} was written on {saved_on} and resumes on {device.type}: the same state, but the two devices "
-            "round floating point differently, so the run will not repeat an uninterrupted one bit for bit"
-        )
+        note = f"note: {path} was written on {saved_on} and resumes on {device.type}: the same state, but the two devices"
+        print(f"{note} round floating point differently, so the run will not repeat an uninterrupted one bit for bit")
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
@@ -791,13 +740,19 @@ def check_args(args: Args) -> None:
         warnings.simplefilter("ignore")
         with gym.make(resolve_env_id(args.env_id)) as env:  # one env is built and closed: its action space
             space = env.action_space
-        if args.capture_video:
-            check_video(args.env_id)
+        if args.capture_video:  # one env renders one frame now, so an env that cannot render fails here, in one line
+            try:
+                with gym.make(resolve_env_id(args.env_id), render_mode="rgb_array") as env:
+                    env.reset(seed=0)
+                    frame = env.render()
+                if not isinstance(frame, np.ndarray):
+                    raise TypeError(f"render() returned {type(frame).__name__}, not an rgb frame")
+            except Exception as e:  # a renderer that cannot start: name it, without a traceback
+                reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+                raise ConfigError(f"--capture-video: {args.env_id} cannot render ({reason})") from None
     if not isinstance(space, gym.spaces.Discrete):
-        use = "use ppo_continuous.py or vmpo_continuous.py"
-        raise ConfigError(
-            f"{args.env_id} has a {type(space).__name__} action space; {SCRIPT}.py needs Discrete actions: {use}"
-        )
+        needs = f"{SCRIPT}.py needs Discrete actions: use ppo_continuous.py or vmpo_continuous.py"
+        raise ConfigError(f"{args.env_id} has a {type(space).__name__} action space; {needs}")
     try:
         os.makedirs(args.output_dir, exist_ok=True)
     except OSError as e:
