@@ -1,18 +1,16 @@
 """V-MPO for continuous control with a tanh-squashed Gaussian policy, in one file.
 
 V-MPO (Song et al., 2019, "V-MPO: On-Policy Maximum a Posteriori Policy Optimization for Discrete and Continuous
-Control", https://arxiv.org/abs/1909.12238) is an on-policy EM-style algorithm. Each iteration collects a rollout, then:
-the E-step keeps the top fraction rho of the normalized advantages and weights them by psi ~ exp(A / eta), the
-temperature eta taking one step on its dual loss (KL bound epsilon_eta); the M-step fits the policy to the weighted
-samples under decoupled KL trust regions on the Gaussian's mean and covariance (bounds epsilon_mu, epsilon_sigma;
-multipliers alpha_mu, alpha_sigma), and the value function to the targets, in m_steps minibatch gradient steps.
+Control", https://arxiv.org/abs/1909.12238) is an on-policy EM-style algorithm. Per rollout, the E-step weights the top
+fraction rho of the normalized advantages by psi ~ exp(A / eta), the temperature eta taking one step on its dual (KL
+bound epsilon_eta); the M-step fits the policy to the weighted samples under decoupled KL trust regions on the Gaussian's
+mean and covariance (bounds epsilon_mu, epsilon_sigma), and the value to its targets, in m_steps minibatch steps.
 
 Departures from the paper, each an option: `--m-step clip` (the default) bounds the pull toward the top-k samples and
 adds a bounded push off the bottom-k ones (`--m-step seed` is the paper's update); PPO's network; an annealed lr.
 
 Run:
     python vmpo_continuous.py --env-id dm_control/walker/walk --cuda
-    python vmpo_continuous.py --m-step seed    # the paper's M-step
     python vmpo_continuous.py --resume runs/<run>/vmpo_continuous_last.pt --total-timesteps 2000000
     python vmpo_continuous.py --eval-only --checkpoint runs/<run>/vmpo_continuous_best.pt --capture-video
 
@@ -41,7 +39,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 
@@ -76,15 +73,13 @@ class Args:
     num_envs: int = 8
     """number of parallel training environments"""
     env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
-    """training envs: auto (EnvPool where it is installed and its port is the official task), envpool or gymnasium;
-    evaluation is always on gymnasium's official env"""
+    """training envs (auto: EnvPool where its port is the official task); evaluation is always on the official env"""
     num_steps: int = 256
     """steps per environment per rollout (rollout size = num_envs * num_steps)"""
     gamma: float = 0.99
     """discount factor"""
     advantage_estimator: Literal["returns", "dae", "gae"] = "gae"
-    """targets: gae (GAE(lambda)); returns (lambda 1: the paper's bootstrapped n-step returns, unbiased but noisy); dae
-    (lambda 0: one-step TD errors, low variance, biased while the value is poor)"""
+    """targets: gae (GAE(lambda)); returns (lambda 1, the paper's: unbiased, noisy); dae (lambda 0, one-step TD: biased)"""
     gae_lambda: float = 0.95
     """lambda of GAE (only with --advantage-estimator gae)"""
     m_steps: int = 80
@@ -98,8 +93,7 @@ class Args:
     anneal_lr: bool = True
     """anneal the policy and value learning rates linearly to 0 over training"""
     optimizer: Literal["adam", "sgd"] = "adam"
-    """optimizer of the networks and of the dual variables: adam, or sgd (with --sgd-momentum) to compare with trainers
-    that used plain SGD"""
+    """optimizer of networks and duals: adam (eps 1e-5), or sgd (with --sgd-momentum) to compare with plain-SGD trainers"""
     sgd_momentum: float = 0.9
     """momentum of SGD (only with --optimizer sgd)"""
     max_grad_norm: float = 0.5
@@ -123,8 +117,7 @@ class Args:
     alpha_lr: float = 1e-2
     """learning rate of alpha_mu and alpha_sigma (one step per M-step)"""
     m_step: Literal["seed", "clip"] = "clip"
-    """M-step loss: clip, a pull to the top k that stops at ratio 1 + epsilon plus a push off the bottom k that stops at
-    1 - epsilon; seed, the paper's weighted maximum likelihood (to reproduce the paper)"""
+    """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's)"""
     m_step_clip: float = 0.2
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
@@ -132,11 +125,9 @@ class Args:
     value_hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of the value encoder (ignored with --shared-encoder)"""
     shared_encoder: bool = False
-    """one encoder for policy and value (the value head reads the policy's features): fewer parameters, and the value
-    loss shapes the policy's features; for large observations where two encoders cost too much"""
+    """one encoder for policy and value (the value loss shapes the policy's features), for observations too large for two"""
     ppo_like_backbone: bool = True
-    """orthogonal-init Linear+Tanh layers and a state-independent log-std; --no-ppo-like-backbone: the V-MPO paper's
-    LayerNorm/ELU layers and a state-dependent log-std head (a std that can differ between states)"""
+    """orthogonal Linear+Tanh, a state-independent log-std; off: the paper's LayerNorm/ELU, a state-dependent log-std head"""
     log_std_min: float = -5.0
     """lower clamp of the pre-tanh log standard deviation"""
     log_std_max: float = 2.0
@@ -177,66 +168,56 @@ class TrainingDiverged(RuntimeError):
 # ---------------------------------------------------------------------------------------
 # Network
 # ---------------------------------------------------------------------------------------
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias_const)
+def layer_init(layer: nn.Linear, std: float = math.sqrt(2), ppo_like: bool = True) -> nn.Linear:
+    if ppo_like:  # PPO's orthogonal init; the paper's network keeps torch's default
+        nn.init.orthogonal_(layer.weight, std)
+        nn.init.constant_(layer.bias, 0.0)
     return layer
 
 
 def make_encoder(in_dim: int, hidden_sizes: tuple[int, ...], ppo_like: bool) -> nn.Sequential:
-    """Default: Linear -> LayerNorm -> Tanh, then Linear -> ELU. PPO-like: orthogonal Linear -> Tanh."""
     layers: list[nn.Module] = []
     for i, size in enumerate(hidden_sizes):
-        if ppo_like:
-            layers += [layer_init(nn.Linear(in_dim, size)), nn.Tanh()]
-        else:
-            layers += [nn.Linear(in_dim, size), *([nn.LayerNorm(size), nn.Tanh()] if i == 0 else [nn.ELU()])]
+        layers.append(layer_init(nn.Linear(in_dim, size), ppo_like=ppo_like))
+        layers += [nn.Tanh()] if ppo_like else [nn.LayerNorm(size), nn.Tanh()] if i == 0 else [nn.ELU()]
         in_dim = size
     return nn.Sequential(*layers)
 
 
 class Agent(nn.Module):
-    """Gaussian over pre-squash actions u; the env action is a = low + (tanh(u) + 1) (high - low) / 2."""
-
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box, args: Args):
         super().__init__()
         obs_dim, act_dim = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
         self.ppo_like, self.log_std_min, self.log_std_max = args.ppo_like_backbone, args.log_std_min, args.log_std_max
-
-        def head(in_dim: int, out_dim: int, std: float) -> nn.Linear:  # orthogonal init on the PPO-like backbone only
-            return layer_init(nn.Linear(in_dim, out_dim), std) if self.ppo_like else nn.Linear(in_dim, out_dim)
-
         self.policy_encoder = make_encoder(obs_dim, args.policy_hidden_sizes, self.ppo_like)
         features = args.policy_hidden_sizes[-1] if args.policy_hidden_sizes else obs_dim
-        self.policy_mean = head(features, act_dim, std=0.01)
+        self.policy_mean = layer_init(nn.Linear(features, act_dim), std=0.01, ppo_like=self.ppo_like)
         if self.ppo_like:  # a state-independent log-std
             self.policy_log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         else:  # a state-dependent log-std head that starts at init_log_std
-            self.policy_log_std = head(features, act_dim, std=0.01)
+            self.policy_log_std = nn.Linear(features, act_dim)
             nn.init.constant_(self.policy_log_std.bias, args.init_log_std)
         self.value_encoder = None if args.shared_encoder else make_encoder(obs_dim, args.value_hidden_sizes, self.ppo_like)
         value_sizes = args.policy_hidden_sizes if args.shared_encoder else args.value_hidden_sizes
-        self.value_head = head(value_sizes[-1] if value_sizes else obs_dim, 1, std=1.0)
+        self.value_head = layer_init(
+            nn.Linear(value_sizes[-1] if value_sizes else obs_dim, 1), std=1.0, ppo_like=self.ppo_like
+        )
         low, high = (torch.as_tensor(x, dtype=torch.float32) for x in (action_space.low, action_space.high))
         self.register_buffer("action_scale", (high - low) / 2.0)
         self.register_buffer("action_bias", (high + low) / 2.0)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One pass for everything: (Gaussian mean, clamped log-std, value)."""
         h = self.policy_encoder(obs)
-        return *self.gaussian(h), self.value(obs, h)
+        return *self.policy(obs, h), self.value(obs, h)
 
-    def policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The Gaussian alone, all that acting needs: (mean, clamped log-std)."""
-        return self.gaussian(self.policy_encoder(obs))
-
-    def gaussian(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def policy(self, obs: torch.Tensor, policy_features: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Gaussian over pre-squash actions u, (mean, clamped log-std): all that acting needs; forward() passes h."""
+        h = self.policy_encoder(obs) if policy_features is None else policy_features
         mean = self.policy_mean(h)
         log_std = self.policy_log_std.expand_as(mean) if self.ppo_like else self.policy_log_std(h)
         return mean, log_std.clamp(self.log_std_min, self.log_std_max)
 
     def value(self, obs: torch.Tensor, policy_features: torch.Tensor | None = None) -> torch.Tensor:
-        """V(obs). With --shared-encoder it reads the policy encoder's features: given by forward(), else computed."""
         if self.value_encoder is not None:
             return self.value_head(self.value_encoder(obs)).squeeze(-1)
         features = self.policy_encoder(obs) if policy_features is None else policy_features
@@ -262,11 +243,10 @@ def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, u: torch.Tensor
 def squash_log_det(u: torch.Tensor, action_scale: torch.Tensor) -> torch.Tensor:
     """log |da/du| of a = b + s tanh(u), summed over action dimensions (stable form of log(1 - tanh^2))."""
     # LaTeX: \log|\det \tfrac{\partial a}{\partial u}| = \sum_j \big(\log s_j + 2(\log 2 - u_j - \mathrm{softplus}(-2u_j))\big)
-    return (torch.log(action_scale) + 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
+    return (torch.log(action_scale) + 2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u))).sum(-1)
 
 
 def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
-    """Entropy of the pre-squash Gaussian, summed over action dimensions."""
     # LaTeX: \mathcal{H} = \sum_j \tfrac{1}{2}\left(1 + \log(2\pi\sigma_j^2)\right)
     return (0.5 * (1.0 + math.log(2 * math.pi)) + log_std).sum(-1)
 
@@ -275,8 +255,7 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
 # Observation normalization
 # ---------------------------------------------------------------------------------------
 class RunningMeanStd:
-    """Running mean and variance (float64) of a stream of batches (Chan et al.'s parallel update), shared by all training
-    envs. Disabled (--no-norm-obs), it keeps its initial statistics and `normalize` only casts to float32."""
+    """Running mean and variance (float64) of a stream of batches (Chan et al.'s parallel update), shared by all envs."""
 
     def __init__(self, shape: tuple[int, ...] = (), enabled: bool = True):
         self.mean, self.var, self.count, self.enabled = np.zeros(shape), np.ones(shape), 1e-4, enabled
@@ -298,8 +277,7 @@ class RunningMeanStd:
         return np.clip((x - self.mean) / np.sqrt(self.var + 1e-8), -10.0, 10.0).astype(np.float32)
 
     def state_dict(self) -> dict:
-        as_tensor = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-        return {"mean": as_tensor(self.mean), "var": as_tensor(self.var), "count": float(self.count)}
+        return {"mean": torch.tensor(self.mean), "var": torch.tensor(self.var), "count": float(self.count)}  # float64
 
     def load_state_dict(self, state: dict) -> None:
         self.mean, self.var, self.count = state["mean"].numpy().copy(), state["var"].numpy().copy(), float(state["count"])
@@ -310,10 +288,8 @@ class RunningMeanStd:
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Rollout:
-    """(num_steps, num_envs, ...) tensors of one rollout. With NEXT_STEP autoreset the step after an episode end is a
-    reset step: it holds the real final observation (so row t+1 is always s_{t+1}) and its action is ignored. Its
-    restarting weight (1 - resets) is 0: top-k never selects it, and the advantage statistics, value loss and diagnostics
-    skip it."""
+    """(num_steps, num_envs, ...) tensors of one rollout. With NEXT_STEP autoreset the step after an episode end is a reset
+    step: it holds the real final observation (row t+1 is always s_{t+1}); its action is ignored and its weight is 0."""
 
     obs: torch.Tensor
     actions: torch.Tensor  # env-scale a = b + s tanh(u)
@@ -327,24 +303,13 @@ class Rollout:
 
     @classmethod
     def empty(cls, num_steps: int, envs: gym.vector.VectorEnv, device: torch.device) -> Rollout:
-        def zeros(*shape: int) -> torch.Tensor:
-            return torch.zeros((num_steps, envs.num_envs, *shape), device=device)
-
-        obs_shape, act_dim = envs.single_observation_space.shape, envs.single_action_space.shape[0]
-        return cls(
-            obs=zeros(*obs_shape),
-            actions=zeros(act_dim),
-            means=zeros(act_dim),
-            log_stds=zeros(act_dim),
-            rewards=zeros(),
-            values=zeros(),
-            terminated=zeros(),
-            truncated=zeros(),
-            resets=zeros(),
-        )
+        zeros = lambda *shape: torch.zeros((num_steps, envs.num_envs, *shape), device=device)  # noqa: E731
+        act_dim = envs.single_action_space.shape[0]
+        per_action = {name: zeros(act_dim) for name in ("actions", "means", "log_stds")}
+        per_step = {name: zeros() for name in ("rewards", "values", "terminated", "truncated", "resets")}
+        return cls(obs=zeros(*envs.single_observation_space.shape), **per_action, **per_step)
 
     def batch(self, advantages: torch.Tensor, returns: torch.Tensor, device: torch.device) -> dict[str, torch.Tensor]:
-        """The flat batch `vmpo_update` reads, on the training device: every field, the advantages and the returns."""
         fields = {**vars(self), "advantages": advantages, "returns": returns}
         return {k: v.reshape(-1, *v.shape[2:]).to(device) for k, v in fields.items()}
 
@@ -370,8 +335,7 @@ def collect_rollout(agent: Agent, envs, obs_rms, next_obs: torch.Tensor, buf: Ro
         prev_done = terminated | truncated
         for i in np.flatnonzero(infos.get("_episode", [])):
             episodes.append(((step + 1) * num_envs, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
-    # V(s_t) of the whole rollout in one pass, not one pass of num_envs rows per env step, whose cost is per-call
-    # overhead: the same values, to float rounding.
+    # V(s_t) of the whole rollout in one pass: the same values (to float rounding) without a call's overhead per step.
     buf.values[:] = agent.value(buf.obs)
     return next_obs, episodes
 
@@ -384,8 +348,7 @@ ESTIMATOR_LAMBDA = {"returns": 1.0, "dae": 0.0}  # the lambda of each --advantag
 
 def compute_gae(rewards, values, next_values, terminated, truncated, gamma: float, gae_lambda: float) -> tuple:
     """Advantages and value targets, (num_steps, num_envs). next_values[t] = V(real successor of s_t): the real final
-    observation at an episode end (NEXT_STEP autoreset stores it as the next row), the next observation at the rollout
-    end. gae_lambda = 1 gives bootstrapped discounted returns minus V, 0 the one-step TD error (DAE), between: GAE."""
+    observation at an episode end (NEXT_STEP autoreset stores it as the next row), the next observation at the rollout end."""
     advantages, last = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
         # LaTeX: \delta_t = r_t + \gamma (1 - \mathrm{terminated}_t) V(s_{t+1}) - V(s_t)
@@ -403,7 +366,6 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def normalize_advantages(advantages: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Standardize with the mean/std of the non-restarting samples only (reset steps carry no data)."""
     mean = masked_mean(advantages, valid)
     std = masked_mean((advantages - mean) ** 2, valid).sqrt()
     # LaTeX: \hat{A}_t \leftarrow (\hat{A}_t - \mu_A) / (\sigma_A + 10^{-8}), \quad \mu_A, \sigma_A \text{ over } w^{restart}=1
@@ -411,7 +373,6 @@ def normalize_advantages(advantages: torch.Tensor, valid: torch.Tensor) -> torch
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
-    """1 - Var[R - V] / Var[R] with population variances; NaN where the returns do not vary."""
     var_returns = returns.var(unbiased=False)
     # LaTeX: \mathrm{EV} = 1 - \frac{\operatorname{Var}[\hat{R}_t - V(s_t)]}{\operatorname{Var}[\hat{R}_t]}
     return float("nan") if var_returns == 0 else float(1.0 - (returns - values).var(unbiased=False) / var_returns)
@@ -421,20 +382,19 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
 # Losses and update
 # ---------------------------------------------------------------------------------------
 class DualVariables(nn.Module):
-    """Unconstrained parameters of eta, alpha_mu, alpha_sigma (each = softplus(raw) + 1e-8)."""
-
     def __init__(self, temperature_init: float, alpha_init: float):
         super().__init__()
+        # Unconstrained parameters: eta, alpha_mu, alpha_sigma are each softplus(raw) + 1e-8.
         raw = lambda x: nn.Parameter(torch.tensor(math.log(math.expm1(x))))  # noqa: E731  (inverse softplus)
         self.log_temperature = raw(max(temperature_init, 1e-8))
         self.log_alpha_mu, self.log_alpha_sigma = raw(alpha_init), raw(alpha_init)
 
     def temperature(self) -> torch.Tensor:
         # LaTeX: \eta = \operatorname{softplus}(\tilde{\eta}) + 10^{-8}
-        return F.softplus(self.log_temperature) + 1e-8
+        return nn.functional.softplus(self.log_temperature) + 1e-8
 
     def alphas(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return F.softplus(self.log_alpha_mu) + 1e-8, F.softplus(self.log_alpha_sigma) + 1e-8
+        return nn.functional.softplus(self.log_alpha_mu) + 1e-8, nn.functional.softplus(self.log_alpha_sigma) + 1e-8
 
 
 def e_step(advantages, restarting_weights, temperature: torch.Tensor, topk_fraction: float, epsilon_eta: float) -> dict:
@@ -484,8 +444,7 @@ def nll_loss(weights: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
 
 
 def clipped_likelihood_loss(weights, push_weights, log_ratio: torch.Tensor, clip: float) -> torch.Tensor:
-    """--m-step clip: a pull toward the top-k samples that stops once a sample's ratio is above 1 + clip, and a push away
-    from the bottom-k samples that stops once their ratio is below 1 - clip (unbounded, the push diverges)."""
+    """--m-step clip: the pull to the top k stops at ratio 1 + clip, the push off the bottom k at 1 - clip, lest it diverge."""
     # LaTeX: \mathcal{L}^{pull}_\pi = -\sum_t \psi_t \min\left(\log \rho_t, \log(1 + \epsilon_{clip})\right)
     pull = -(weights * torch.clamp(log_ratio, max=math.log1p(clip))).sum()
     # LaTeX: \mathcal{L}^{push}_\pi = \sum_t \psi^-_t \max\left(\log \rho_t, \log(1 - \epsilon_{clip})\right)
@@ -494,13 +453,11 @@ def clipped_likelihood_loss(weights, push_weights, log_ratio: torch.Tensor, clip
 
 
 def build_optimizers(agent: Agent, duals: DualVariables, args: Args) -> dict[str, torch.optim.Optimizer]:
-    """One optimizer for policy and value (separate learning rates), one per dual group."""
-    # Adam's fused kernel updates all of a group's tensors in one call; CPU's default is a Python loop over tensors.
-    adam = partial(torch.optim.Adam, eps=1e-5, fused=True)
-    sgd = partial(torch.optim.SGD, momentum=args.sgd_momentum, foreach=True)
-    make = adam if args.optimizer == "adam" else sgd  # make(params, lr)
-    named = list(agent.named_parameters())  # policy_* and value_* modules
-    policy, value = ([p for name, p in named if name.startswith(part)] for part in ("policy_", "value_"))
+    if args.optimizer == "adam":  # fused: one kernel for all of a group's tensors, not CPU's default Python loop
+        make = partial(torch.optim.Adam, eps=1e-5, fused=True)
+    else:
+        make = partial(torch.optim.SGD, momentum=args.sgd_momentum, foreach=True)
+    policy, value = ([p for name, p in agent.named_parameters() if name.startswith(part)] for part in ("policy_", "value_"))
     model = make([{"params": policy, "lr": args.policy_lr}, {"params": value, "lr": args.value_lr}], args.policy_lr)
     temperature = make([duals.log_temperature], args.temperature_lr)
     alpha = make([duals.log_alpha_mu, duals.log_alpha_sigma], args.alpha_lr)
@@ -510,9 +467,7 @@ def build_optimizers(agent: Agent, duals: DualVariables, args: Args) -> dict[str
 def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dict, args: Args) -> dict[str, float]:
     """One V-MPO iteration on a flat batch: E-step (one temperature step), then m_steps M-steps."""
     obs, old_means, old_log_stds, returns = batch["obs"], batch["means"], batch["log_stds"], batch["returns"]
-    # The paper's restarting weights: 0 on reset steps, whose actions the env ignored.
-    restarting = 1.0 - batch["resets"]
-    # Pre-tanh actions are fixed for the whole update.
+    restarting = 1.0 - batch["resets"]  # the paper's restarting weights: 0 on reset steps, whose actions the env ignored
     u = agent.unsquash(batch["actions"])
     advantages = normalize_advantages(batch["advantages"], restarting) if args.norm_adv else batch["advantages"]
 
@@ -523,17 +478,14 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     optimizers["temperature"].step()
     weights, selected = estep["weights"], estep["selected_weights"]
     if args.m_step == "clip":
-        # The mirror E-step: the same temperature and k on the negated advantages gives weights
-        # proportional to exp(-s_t) over the bottom k samples (its dual loss is not used).
+        # The mirror E-step (same temperature and k, negated advantages): exp(-s_t) on the bottom k; its dual loss unused.
         # LaTeX: \psi^-_t \propto \bar{w}^-_t e^{-s_t}, \quad \bar{w}^-_t = w^{restart}_t [t \in \mathrm{BottomK}(s, k)]
         push_weights = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)["weights"]
     else:  # the paper's likelihood reads log pi(a|s), so the (parameter-free) squash Jacobian too
         log_det = squash_log_det(u, agent.action_scale)
     old_log_prob = gaussian_log_prob(old_means, old_log_stds, u)
 
-    # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit.
-    # Each step sees one minibatch (the whole batch with --num-minibatches 1); psi sums to 1 over the batch, so a
-    # minibatch's weights are scaled by N / n to keep the likelihood's size against the KL terms.
+    # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
     minibatch_size = len(obs) // args.num_minibatches
     for step in range(args.m_steps):
         if step % args.num_minibatches == 0:  # a fresh shuffle for each pass over the batch
@@ -547,15 +499,16 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): the squash Jacobian cancels, the pre-tanh Gaussians are enough.
         # LaTeX: \log \rho_t = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old})
         log_ratio = gaussian_lp - old_log_prob[mb]
+        # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
+        psi = args.num_minibatches * weights[mb]
         if args.m_step == "clip":
-            likelihood_loss = clipped_likelihood_loss(
-                args.num_minibatches * weights[mb], args.num_minibatches * push_weights[mb], log_ratio, args.m_step_clip
-            )
+            psi_minus = args.num_minibatches * push_weights[mb]
+            likelihood_loss = clipped_likelihood_loss(psi, psi_minus, log_ratio, args.m_step_clip)
         else:
             # The env action a = b + s tanh(u): a change of variables.
             # LaTeX: \log \pi_\theta(a_t|s_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log|\det \partial a/\partial u|
             log_prob = gaussian_lp - log_det[mb]
-            likelihood_loss = nll_loss(args.num_minibatches * weights[mb], log_prob)
+            likelihood_loss = nll_loss(psi, log_prob)
         kl_mu_t, kl_sigma_t = decoupled_kl(mean, log_std, old_means[mb], old_log_stds[mb])
         # LaTeX: (D_\mu, D_\sigma) = \frac{1}{N_{sel}} \sum_{t \in \mathcal{S}} \big(D_\mu(s_t), D_\sigma(s_t)\big)
         kl_mu, kl_sigma = masked_mean(kl_mu_t, selected[mb]), masked_mean(kl_sigma_t, selected[mb])
@@ -581,19 +534,17 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
 
     # ---- Diagnostics: the last M-step's (its minibatch); the KLs and the clip fraction over non-restarting samples.
     with torch.no_grad():
-        clipped = ((log_ratio.exp() - 1.0).abs() > args.m_step_clip).float()
         valid = restarting[mb]
         stats = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss, "losses/alpha_loss": alpha_loss}
         stats["losses/temperature_loss"] = estep["dual_loss"]
         stats["losses/entropy"] = masked_mean(gaussian_entropy(log_std), selected[mb])
-        stats["losses/clipfrac"] = masked_mean(clipped, valid)
+        stats["losses/clipfrac"] = masked_mean(((log_ratio.exp() - 1.0).abs() > args.m_step_clip).float(), valid)
         stats["kl/mu"], stats["kl/sigma"] = masked_mean(kl_mu_t, valid), masked_mean(kl_sigma_t, valid)
         stats["vmpo/alpha_mu"], stats["vmpo/alpha_sigma"] = alpha_mu, alpha_sigma
         stats["vmpo/temperature"] = duals.temperature()
         stats["vmpo/ess"] = 1.0 / (weights**2).sum()  # effective sample size of the E-step weights
-    stats = {k: float(x.detach()) if torch.is_tensor(x) else float(x) for k, x in stats.items()}
-    losses = ("losses/policy_loss", "losses/value_loss", "losses/temperature_loss", "losses/alpha_loss")
-    bad = [k for k in losses if not math.isfinite(stats[k])]
+    stats = {k: float(x.detach()) for k, x in stats.items()}
+    bad = [k for k in stats if k.startswith("losses/") and not math.isfinite(stats[k])]
     if bad or not all(torch.isfinite(p).all() for p in [*agent.parameters(), *duals.parameters()]):
         raise TrainingDiverged(f"non-finite {', '.join(bad) or 'parameters'}")
     return stats
