@@ -155,6 +155,7 @@ class Args:
 
 
 SCRIPT = "vmpo_continuous"  # written into every checkpoint, so another script's files are recognised
+GAUSS_HERMITE_NODES = 64  # quadrature points of the mean action (deterministic_action), per action dimension
 
 
 class ConfigError(ValueError):
@@ -199,12 +200,17 @@ class Agent(nn.Module):
             nn.init.constant_(self.policy_log_std.bias, args.init_log_std)
         self.value_encoder = None if args.shared_encoder else make_encoder(obs_dim, args.value_hidden_sizes, self.ppo_like)
         value_sizes = args.policy_hidden_sizes if args.shared_encoder else args.value_hidden_sizes
-        self.value_head = layer_init(
-            nn.Linear(value_sizes[-1] if value_sizes else obs_dim, 1), std=1.0, ppo_like=self.ppo_like
-        )
+        value_features = value_sizes[-1] if value_sizes else obs_dim
+        self.value_head = layer_init(nn.Linear(value_features, 1), std=1.0, ppo_like=self.ppo_like)
         low, high = (torch.as_tensor(x, dtype=torch.float32) for x in (action_space.low, action_space.high))
         self.register_buffer("action_scale", (high - low) / 2.0)
         self.register_buffer("action_bias", (high + low) / 2.0)
+        # Probabilists' Gauss-Hermite nodes and weights (summing to 1) for the mean action; not saved in checkpoints.
+        nodes, weights = np.polynomial.hermite_e.hermegauss(GAUSS_HERMITE_NODES)
+        self.register_buffer("hermite_nodes", torch.as_tensor(nodes, dtype=torch.float32), persistent=False)
+        self.register_buffer(
+            "hermite_weights", torch.as_tensor(weights / weights.sum(), dtype=torch.float32), persistent=False
+        )
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         h = self.policy_encoder(obs)
@@ -232,7 +238,12 @@ class Agent(nn.Module):
         return torch.atanh(((actions - self.action_bias) / self.action_scale).clamp(-1.0 + 1e-6, 1.0 - 1e-6))
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.squash(self.policy(obs)[0])
+        """The evaluated action: the policy's mean action E[b + s tanh(u)], not b + s tanh(mean). With a std near 1,
+        tanh(mean) sits much nearer the bounds than the actions the sampled policy plays on average."""
+        mean, log_std = self.policy(obs)
+        u = mean.unsqueeze(-1) + log_std.exp().unsqueeze(-1) * self.hermite_nodes  # (..., act_dim, nodes)
+        # LaTeX: \bar{a}_j = \mathbb{E}[a_j] = b_j + s_j \sum_{k=1}^{K} w_k \tanh(\mu_j + \sigma_j x_k), \quad (x_k, w_k) \text{: Gauss-Hermite}
+        return self.action_bias + self.action_scale * (torch.tanh(u) * self.hermite_weights).sum(-1)
 
 
 def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -255,7 +266,7 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
 # Observation normalization
 # ---------------------------------------------------------------------------------------
 class RunningMeanStd:
-    """Running mean and variance (float64) of a stream of batches (Chan et al.'s parallel update), shared by all envs."""
+    """Running mean and variance (float64) of batches (Chan et al.'s parallel update), shared by all training envs."""
 
     def __init__(self, shape: tuple[int, ...] = (), enabled: bool = True):
         self.mean, self.var, self.count, self.enabled = np.zeros(shape), np.ones(shape), 1e-4, enabled
@@ -981,7 +992,7 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
-    """One episode per eval env with the deterministic action b + s tanh(mean), then one with sampled actions from the
+    """One episode per eval env with the deterministic action E[b + s tanh(u)], then one with sampled actions from the
     same starts, on the frozen normalizer; logs `eval/*` (the sampled return shows where the two policies part, the
     episodes below 100 a walker that never gets up) and returns the deterministic returns."""
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched

@@ -75,6 +75,25 @@ def obs_space(dim: int) -> Box:
     return Box(-np.inf, np.inf, (dim,), np.float32)
 
 
+def test_deterministic_action_is_the_policys_mean_action():
+    """E[b + s tanh(u)], u ~ N(mean, std), against scipy's adaptive quadrature of the same integral, one dimension at a
+    time; away from tanh(mean) wherever the std is wide."""
+    from scipy import integrate, stats
+
+    low, high = np.array([-1.0, 0.0, -3.0]), np.array([1.0, 2.0, 1.0])
+    agent = V.Agent(obs_space(2), box(low, high), tiny_args())
+    cases = [(0.0, 1.0), (0.7, 0.3), (3.4, 1.0), (-4.7, 0.6), (1.5, 2.5), (0.2, 0.05)]
+    for mean_u, std_u in cases:
+        mean, log_std = torch.full((1, 3), mean_u), torch.full((1, 3), math.log(std_u))
+        agent.policy = lambda obs, m=mean, ls=log_std: (m, ls)
+        ours = agent.deterministic_action(torch.zeros(1, 2))[0].double().numpy()
+        density = stats.norm(mean_u, std_u).pdf
+        e_tanh = integrate.quad(lambda u, p=density: np.tanh(u) * p(u), mean_u - 12 * std_u, mean_u + 12 * std_u)[0]
+        np.testing.assert_allclose(ours, (high + low) / 2 + (high - low) / 2 * e_tanh, atol=1e-4)
+    # With std 1 the mean action is well inside tanh(mean): a pre-tanh mean of 1 plays 0.55 on average, not 0.76.
+    assert math.tanh(1.0) - integrate.quad(lambda u: np.tanh(u) * stats.norm(1.0, 1.0).pdf(u), -11, 13)[0] > 0.2
+
+
 def test_squashed_log_prob_matches_transformed_distribution():
     torch.manual_seed(0)
     low, high = torch.tensor([-1.0, 0.0, -3.0]), torch.tensor([1.0, 2.0, 1.0])
