@@ -120,6 +120,8 @@ class Args:
     """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's)"""
     m_step_clip: float = 0.2
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
+    ent_coef: float = 0.0
+    """entropy bonus of the M-step: a push on sigma at every step, against the top-k fit that narrows it (0: none)"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer sizes of the policy encoder"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
@@ -533,6 +535,9 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         alpha_mu, alpha_sigma = (alpha.detach() for alpha in duals.alphas())  # the updated ones, held constant below
         # LaTeX: \mathcal{L}_\pi = \mathcal{L}^{lik}_\pi + \mathrm{sg}[\alpha_\mu] D_\mu + \mathrm{sg}[\alpha_\sigma] D_\sigma
         policy_loss = likelihood_loss + alpha_mu * kl_mu + alpha_sigma * kl_sigma
+        if args.ent_coef > 0:  # of the pre-squash Gaussian: the squashed policy's entropy has no closed form
+            # LaTeX: \mathcal{L}_\pi \leftarrow \mathcal{L}_\pi - c_{ent} \frac{1}{N_{valid}} \sum_{t : w^{restart}_t = 1} \mathcal{H}[\mathcal{N}(\mu_\theta(s_t), \sigma_\theta(s_t))]
+            policy_loss = policy_loss - args.ent_coef * masked_mean(gaussian_entropy(log_std), restarting[mb])
         # LaTeX: \mathcal{L}_V = \frac{1}{2 N_{valid}} \sum_{t : w^{restart}_t = 1} (V_\phi(s_t) - R_t)^2
         value_loss = 0.5 * masked_mean((values - returns[mb]) ** 2, restarting[mb])
         # LaTeX: \mathcal{L} = \mathcal{L}_\pi + \mathcal{L}_V
@@ -1120,10 +1125,10 @@ def check_args(args: Args, gl_backend: str | None) -> None:
         if not ok:
             raise ConfigError(f"--{flag.replace('_', '-')} must be {accepted}, got {getattr(args, flag)}")
 
-    for name in ("epsilon_eta", "epsilon_mu", "epsilon_sigma", "temperature_init", "alpha_init", "policy_lr", "value_lr"):
+    positive = ("epsilon_eta", "epsilon_mu", "epsilon_sigma", "temperature_init", "alpha_init", "policy_lr", "value_lr")
+    for name in (*positive, "temperature_lr", "alpha_lr", "max_grad_norm"):
         require(getattr(args, name) > 0, name, "> 0")
-    for name in ("temperature_lr", "alpha_lr", "max_grad_norm"):
-        require(getattr(args, name) > 0, name, "> 0")
+    require(args.ent_coef >= 0, "ent_coef", ">= 0")
     for name in ("num_envs", "num_steps", "m_steps", "num_minibatches", "eval_episodes"):
         require(getattr(args, name) >= 1, name, ">= 1")
     for name in ("torch_threads", "eval_interval"):

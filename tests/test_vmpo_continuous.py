@@ -296,6 +296,28 @@ def synthetic_update(mean_offset: float, log_std_offset: float, temperature_init
     return before, after, grad
 
 
+def test_entropy_bonus_subtracts_c_times_the_gaussian_entropy_and_widens_the_policy():
+    def one_update(ent_coef: float):
+        torch.manual_seed(5)
+        args = tiny_args(m_steps=1, num_minibatches=1, ent_coef=ent_coef, init_log_std=-0.5)
+        agent = V.Agent(obs_space(3), box([-1.0, -1.0], [1.0, 1.0]), args)
+        duals = V.DualVariables(args.temperature_init, args.alpha_init)
+        obs = torch.randn(128, 3)
+        with torch.no_grad():
+            mean, log_std, _ = agent(obs)
+        batch = {"obs": obs, "actions": torch.rand(128, 2) * 1.8 - 0.9, "means": mean, "log_stds": log_std}
+        batch |= {"advantages": torch.randn(128), "returns": torch.randn(128), "resets": torch.zeros(128)}
+        stats = V.vmpo_update(agent, duals, V.build_optimizers(agent, duals, args), batch, args)
+        return stats["losses/policy_loss"], agent.policy_log_std.detach().clone()
+
+    loss_0, log_std_0 = one_update(0.0)
+    loss_c, log_std_c = one_update(2.0)
+    # Entropy of N(mu, diag(sigma^2)) in 2 dimensions at sigma = exp(-0.5), by hand: sum_j 0.5 * log(2 pi e sigma_j^2).
+    entropy = 2 * 0.5 * math.log(2 * math.pi * math.e * math.exp(-0.5) ** 2)
+    assert loss_c == pytest.approx(loss_0 - 2.0 * entropy, rel=1e-5)
+    assert (log_std_c > log_std_0).all()  # the bonus's gradient on each log-std is -c: the step widens the policy
+
+
 def test_alphas_grow_above_epsilon_and_shrink_below():
     before, after, _ = synthetic_update(mean_offset=1.0, log_std_offset=0.5)  # both KLs far above their epsilons
     assert after[1] > before[1] and after[2] > before[2]
@@ -734,6 +756,7 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
         (dict(num_minibatches=3), r"--num-minibatches must be a divisor of the rollout of 64, got 3"),
         (dict(num_minibatches=0), r"--num-minibatches must be >= 1, got 0"),
         (dict(topk_fraction=0.0), r"--topk-fraction must be in \(0, 1\], got 0.0"),
+        (dict(ent_coef=-0.1), r"--ent-coef must be >= 0, got -0.1"),
         (dict(topk_fraction=1.5), r"--topk-fraction must be in \(0, 1\], got 1.5"),
         (dict(epsilon_eta=0.0), r"--epsilon-eta must be > 0"),
         (dict(epsilon_mu=-0.1), r"--epsilon-mu must be > 0"),
@@ -766,6 +789,7 @@ OPTIONS = [
     dict(advantage_estimator="returns"),
     dict(advantage_estimator="dae"),
     dict(norm_adv=False),
+    dict(ent_coef=0.01),
     dict(norm_obs=False),
     dict(anneal_lr=False),
     dict(num_minibatches=1),
