@@ -100,8 +100,8 @@ class Args:
     """global gradient-norm clip of the M-step"""
     norm_adv: bool = True
     """normalize advantages over the batch's trained samples (not reset steps)"""
-    topk_fraction: float = 0.7
-    """rho: fraction of the (non-restarting) samples with the highest advantages kept by the E-step"""
+    topk_fraction: float = 0.5
+    """rho: fraction of the (non-restarting) samples with the highest advantages kept by the E-step (the paper's 0.5)"""
     temperature_init: float = 1.0
     """initial temperature eta"""
     temperature_lr: float = 1e-2
@@ -134,8 +134,8 @@ class Args:
     """lower clamp of the pre-tanh log standard deviation"""
     log_std_max: float = 2.0
     """upper clamp of the pre-tanh log standard deviation"""
-    init_log_std: float = -0.25
-    """initial pre-tanh log-std (-0.25: std 0.78): the log-std parameter, or the log-std head's bias"""
+    init_log_std: float = 0.0
+    """initial pre-tanh log-std (0: std 1): the log-std parameter, or the log-std head's bias"""
     torch_threads: int = 0
     """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); rollout inference uses 1"""
     norm_obs: bool = True

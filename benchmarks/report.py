@@ -1,6 +1,6 @@
 """Turn results CSVs (from `run.py`) into a Markdown table and PNG learning curves.
 
-    python benchmarks/report.py benchmarks/results/*.csv --out benchmarks/results/
+    python benchmarks/report.py benchmarks/results/{ppo_discrete,ppo_continuous,vmpo_continuous}.csv --out benchmarks/results/
 
 Writes `<out>/results.md` (also printed) with one row per algo/tag x env: the final
 evaluation return as mean ± std over seeds (population std, ddof=0), each seed's value,
