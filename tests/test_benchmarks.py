@@ -276,8 +276,8 @@ def test_throughput_reports_both_sps_and_their_ratio(tmp_path):
     for key, printed in [("train_sps", train), ("random_sps", rand), ("ratio", ratio)]:
         assert float(row[key]) == pytest.approx(printed, rel=1e-3, abs=1e-4)
     md = (tmp_path / "t.md").read_text().splitlines()
-    # The table rounds the full-precision ratio. The CSV keeps 4 decimals and the printout 4 digits, and rounding either
-    # again can differ in the last digit, so the expected cell comes from the CSV's two SPS figures (rounded only at their 4th decimal).
+    # The table rounds the full-precision ratio. The CSV keeps 4 decimals and the printout 4 digits, and rounding
+    # either again can differ in the last digit: the expected cell comes from the CSV's two SPS figures instead.
     ratio_cell = f"| {float(row['train_sps']) / float(row['random_sps']):.3f} |"
     assert md[0].startswith("| algo |") and ratio_cell in md[2] and len(md) == 3
 
