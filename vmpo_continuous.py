@@ -91,7 +91,9 @@ class Args:
     value_lr: float = 5e-4
     """learning rate of the value parameters"""
     anneal_lr: bool = True
-    """anneal the policy and value learning rates linearly to 0 over training"""
+    """anneal the policy and value learning rates (how: --lr-horizon)"""
+    lr_horizon: int = 0
+    """0: linearly to 0 over --total-timesteps; H > 0: as H / (H + step), the same at every budget"""
     optimizer: Literal["adam", "sgd"] = "adam"
     """optimizer of networks and duals: adam (eps 1e-5), or sgd (with --sgd-momentum) to compare with plain-SGD trainers"""
     sgd_momentum: float = 0.9
@@ -140,6 +142,8 @@ class Args:
     """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); rollout inference uses 1"""
     norm_obs: bool = True
     """normalize observations with running statistics shared by all training envs"""
+    reward_scaling: bool = False
+    """divide rewards by the running std of each env's discounted return (PPO's reward scaling)"""
     max_episode_steps: int | None = None
     """override the env's time limit (e.g. short episodes for quick tests); None keeps the env's own"""
     output_dir: str = "runs"
@@ -265,7 +269,7 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------
-# Observation normalization
+# Observation and reward normalization
 # ---------------------------------------------------------------------------------------
 class RunningMeanStd:
     """Running mean and variance (float64) of batches (Chan et al.'s parallel update), shared by all training envs."""
@@ -296,6 +300,22 @@ class RunningMeanStd:
         self.mean, self.var, self.count = state["mean"].numpy().copy(), state["var"].numpy().copy(), float(state["count"])
 
 
+class RewardScaler:
+    """--reward-scaling: rewards divided by the running std of the discounted return of each env's episode."""
+
+    def __init__(self, num_envs: int, gamma: float, enabled: bool):
+        self.rms, self.gamma, self.enabled, self.discounted_return = RunningMeanStd(), gamma, enabled, np.zeros(num_envs)
+
+    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        if not self.enabled:
+            return reward
+        # LaTeX: G_t = \gamma (1 - \mathrm{done}_{t-1}) G_{t-1} + r_t, \quad \tilde{r}_t = r_t / \sqrt{\sigma_G^2 + 10^{-8}}
+        self.discounted_return = self.discounted_return * self.gamma + reward
+        self.rms.update(self.discounted_return)
+        self.discounted_return[done] = 0.0
+        return reward / np.sqrt(self.rms.var + 1e-8)
+
+
 # ---------------------------------------------------------------------------------------
 # Rollout
 # ---------------------------------------------------------------------------------------
@@ -308,7 +328,7 @@ class Rollout:
     actions: torch.Tensor  # env-scale a = b + s tanh(u)
     means: torch.Tensor  # the acting policy's pre-squash Gaussian
     log_stds: torch.Tensor
-    rewards: torch.Tensor
+    rewards: torch.Tensor  # scaled with --reward-scaling
     values: torch.Tensor
     terminated: torch.Tensor
     truncated: torch.Tensor
@@ -328,7 +348,7 @@ class Rollout:
 
 
 @torch.inference_mode()
-def collect_rollout(agent: Agent, envs, obs_rms, next_obs: torch.Tensor, buf: Rollout) -> tuple[torch.Tensor, list]:
+def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.Tensor, buf: Rollout) -> tuple:
     """Fill `buf`; return the next observation and the finished episodes (env steps into the rollout, return, length)."""
     num_steps, num_envs = buf.rewards.shape
     # Row 0 follows the previous rollout's last row (all zeros before the first rollout).
@@ -343,9 +363,10 @@ def collect_rollout(agent: Agent, envs, obs_rms, next_obs: torch.Tensor, buf: Ro
         raw_obs, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
         obs_rms.update(raw_obs)
         next_obs = torch.as_tensor(obs_rms.normalize(raw_obs), device=next_obs.device)
+        prev_done = terminated | truncated
+        reward = scale_reward(reward, prev_done)
         for field, data in ((buf.rewards, reward), (buf.terminated, terminated), (buf.truncated, truncated)):
             field[step] = torch.as_tensor(data, dtype=torch.float32)
-        prev_done = terminated | truncated
         for i in np.flatnonzero(infos.get("_episode", [])):
             episodes.append(((step + 1) * num_envs, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
     # V(s_t) of the whole rollout in one pass: the same values (to float rounding) without a call's overhead per step.
@@ -559,6 +580,10 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         stats["vmpo/alpha_mu"], stats["vmpo/alpha_sigma"] = alpha_mu, alpha_sigma
         stats["vmpo/temperature"] = duals.temperature()
         stats["vmpo/ess"] = 1.0 / (weights**2).sum()  # effective sample size of the E-step weights
+        # What the temperature's dual holds at epsilon_eta: the weights' KL from uniform weights on the selected samples.
+        kept = weights > 0
+        # LaTeX: \mathrm{KL}(\psi \,\|\, \mathcal{U}_{\mathcal{S}}) = \sum_{t \in \mathcal{S}} \psi_t \log(N_{sel} \psi_t)
+        stats["vmpo/kl_weights"] = (weights[kept] * torch.log(weights[kept] * selected.sum())).sum()
     stats = {k: float(x.detach()) for k, x in stats.items()}
     bad = [k for k in stats if k.startswith("losses/") and not math.isfinite(stats[k])]
     if bad or not all(torch.isfinite(p).all() for p in [*agent.parameters(), *duals.parameters()]):
@@ -583,6 +608,7 @@ class Run:
     optimizers: dict[str, torch.optim.Optimizer]
     duals: DualVariables
     obs_rms: RunningMeanStd
+    reward_scaler: RewardScaler
     threads: int = 1  # CPU threads of the update
     global_step: int = 0
     iteration: int = 0
@@ -656,7 +682,9 @@ def set_up(args: Args) -> Run:
         agent = Agent(eval_envs.single_observation_space, eval_envs.single_action_space, args).to(device)
     duals = DualVariables(args.temperature_init, args.alpha_init).to(device)
     obs_rms = RunningMeanStd(eval_envs.single_observation_space.shape, args.norm_obs)
-    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, build_optimizers(agent, duals, args), duals, obs_rms)
+    scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
+    optimizers = build_optimizers(agent, duals, args)
+    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, optimizers, duals, obs_rms, scaler)
     run.threads = threads
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
         run.agent.load_state_dict(source["agent"])
@@ -667,6 +695,8 @@ def set_up(args: Args) -> Run:
             for name, optimizer in run.optimizers.items():
                 optimizer.load_state_dict(source["optimizers"][name])
             run.iteration = source["iteration"]
+            if "reward_rms" in source:  # absent from checkpoints written before --reward-scaling existed
+                run.reward_scaler.rms.load_state_dict(source["reward_rms"])
             restore_rng(source["rng"], device, source.get("device", "cpu"), source_path)
     return run
 
@@ -715,14 +745,13 @@ def train(args: Args) -> dict:
         for iteration in range(run.iteration + 1, num_iterations + 1):
             tick = time.time()
             if args.anneal_lr:
-                # LaTeX: \lambda_k = \lambda_0 \left(1 - \frac{k - 1}{K}\right)
-                lr_scale = 1.0 - (iteration - 1.0) / num_iterations
+                lr_scale = learning_rate_scale(iteration, num_iterations, batch_size, args.lr_horizon)
                 for group, lr in zip(optimizers["model"].param_groups, (args.policy_lr, args.value_lr), strict=True):
                     group["lr"] = lr * lr_scale
 
             # ---- collect a rollout with the current policy
             torch.set_num_threads(1)  # batches of num_envs observations only lose to threading overhead
-            next_obs, episodes = collect_rollout(acting_agent, run.envs, run.obs_rms, next_obs, rollout)
+            next_obs, episodes = collect_rollout(acting_agent, run.envs, run.obs_rms, run.reward_scaler, next_obs, rollout)
             for offset, episode_return, episode_length in episodes:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
@@ -779,6 +808,16 @@ def train(args: Args) -> dict:
     summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": sps, "wall_time": time.time() - start_time}
     final = {"final_eval_return": run.last_eval, "final_eval_std": eval_returns.std(), "best_eval_return": run.best_eval}
     return summary | final
+
+
+def learning_rate_scale(iteration: int, num_iterations: int, batch_size: int, horizon: int) -> float:
+    """The factor on the initial learning rates at iteration k (1-based). Linear over the budget by default; with a
+    horizon H, a decay in the steps already trained alone, so a run's first million steps do not depend on its total."""
+    if horizon == 0:
+        # LaTeX: \lambda_k = \lambda_0 \left(1 - \frac{k - 1}{K}\right)
+        return 1.0 - (iteration - 1.0) / num_iterations
+    # LaTeX: \lambda_k = \lambda_0 \frac{H}{H + (k - 1) B}, \quad B = \text{num\_envs} \cdot \text{num\_steps}
+    return horizon / (horizon + (iteration - 1.0) * batch_size)
 
 
 def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> None:
@@ -1084,6 +1123,7 @@ def save_checkpoint(run: Run, kind: str) -> None:
         "duals": run.duals.state_dict(),
         "optimizers": {name: optimizer.state_dict() for name, optimizer in run.optimizers.items()},
         "obs_rms": run.obs_rms.state_dict(),
+        "reward_rms": run.reward_scaler.rms.state_dict(),
     }
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
@@ -1129,6 +1169,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     for name in (*positive, "temperature_lr", "alpha_lr", "max_grad_norm"):
         require(getattr(args, name) > 0, name, "> 0")
     require(args.ent_coef >= 0, "ent_coef", ">= 0")
+    require(args.lr_horizon >= 0, "lr_horizon", ">= 0 (0: anneal over --total-timesteps)")
     for name in ("num_envs", "num_steps", "m_steps", "num_minibatches", "eval_episodes"):
         require(getattr(args, name) >= 1, name, ">= 1")
     for name in ("torch_threads", "eval_interval"):

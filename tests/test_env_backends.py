@@ -192,7 +192,8 @@ def test_short_episodes_on_envpool_train_no_reset_step_and_bootstrap_from_the_fi
         agent = module.Agent(envs.single_observation_space, envs.single_action_space, args)
         rollout = module.Rollout.empty(16, envs, torch.device("cpu"))
         obs_rms = module.RunningMeanStd(envs.single_observation_space.shape, enabled=False)
-        module.collect_rollout(agent, envs, obs_rms, torch.as_tensor(obs_rms.normalize(obs)), rollout)
+        no_scaling = module.RewardScaler(2, 0.99, False)
+        module.collect_rollout(agent, envs, obs_rms, no_scaling, torch.as_tensor(obs_rms.normalize(obs)), rollout)
         reset_rows, observations, actions = rollout.resets.numpy(), rollout.obs.numpy(), rollout.actions.numpy()
         # The values, computed in one pass after the rollout, are V of each row's observation, one env step at a time;
         # train() bootstraps row t from row t + 1, so at a truncation from the real final observation (row 5).

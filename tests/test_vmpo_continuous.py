@@ -386,7 +386,9 @@ def test_the_acting_copy_synced_after_an_update_collects_the_trained_agents_roll
         raw_obs, _ = envs.reset(seed=2)
         obs_rms.update(raw_obs)
         buf = V.Rollout.empty(args.num_steps, envs, torch.device("cpu"))
-        V.collect_rollout(policy, envs, obs_rms, torch.as_tensor(obs_rms.normalize(raw_obs)), buf)
+        V.collect_rollout(
+            policy, envs, obs_rms, V.RewardScaler(envs.num_envs, 0.99, False), torch.as_tensor(obs_rms.normalize(raw_obs)), buf
+        )
         return buf
 
     buf = rollout_of(agent)
