@@ -454,11 +454,14 @@ def e_step(advantages, restarting_weights, temperature: torch.Tensor, topk_fract
     z, n_selected = unnormalized.sum(), selected_weights.sum()
     # LaTeX: \psi_t = \frac{\tilde{\psi}_t}{Z}, \quad Z = \sum_t \tilde{\psi}_t
     weights = (unnormalized / z).detach()
+    # What the dual bounds by epsilon_eta: the weights' KL from uniform weights on the selected samples.
+    # LaTeX: \mathrm{KL}(\psi \,\|\, \mathcal{U}_{\mathcal{S}}) = \sum_{t \in \mathcal{S}} \psi_t \log(N_{sel} \psi_t)
+    kl = torch.xlogy(weights, weights * n_selected).sum()
     # LaTeX: \log \bar{\psi} = \log \frac{1}{N_{sel}} \sum_{t \in \mathcal{S}} e^{s_t} = \log Z + s_{\max} - \log N_{sel}
     log_mean_weights = torch.log(z) + s_max - torch.log(n_selected)
     # LaTeX: \mathcal{L}_\eta = \eta \left(\epsilon_\eta + \log \bar{\psi}\right)
     dual_loss = temperature * (epsilon_eta + log_mean_weights)
-    return {"weights": weights, "selected_weights": selected_weights, "threshold": threshold, "dual_loss": dual_loss}
+    return {"weights": weights, "selected_weights": selected_weights, "threshold": threshold, "dual_loss": dual_loss, "kl": kl}
 
 
 def decoupled_kl(mean, log_std, old_mean, old_log_std) -> tuple[torch.Tensor, torch.Tensor]:
@@ -580,10 +583,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         stats["vmpo/alpha_mu"], stats["vmpo/alpha_sigma"] = alpha_mu, alpha_sigma
         stats["vmpo/temperature"] = duals.temperature()
         stats["vmpo/ess"] = 1.0 / (weights**2).sum()  # effective sample size of the E-step weights
-        # What the temperature's dual holds at epsilon_eta: the weights' KL from uniform weights on the selected samples.
-        kept = weights > 0
-        # LaTeX: \mathrm{KL}(\psi \,\|\, \mathcal{U}_{\mathcal{S}}) = \sum_{t \in \mathcal{S}} \psi_t \log(N_{sel} \psi_t)
-        stats["vmpo/kl_weights"] = (weights[kept] * torch.log(weights[kept] * selected.sum())).sum()
+        stats["vmpo/kl_weights"] = estep["kl"]  # the constraint the temperature's dual holds at epsilon_eta
     stats = {k: float(x.detach()) for k, x in stats.items()}
     bad = [k for k in stats if k.startswith("losses/") and not math.isfinite(stats[k])]
     if bad or not all(torch.isfinite(p).all() for p in [*agent.parameters(), *duals.parameters()]):

@@ -1,6 +1,7 @@
 """Tests of vmpo_continuous.py: math against independent computations, probes, the real CLI."""
 
 import copy
+import importlib
 import math
 import os
 
@@ -190,6 +191,24 @@ def test_e_step_matches_numpy_transcription(case):
         np.testing.assert_array_equal(selected, restart > 0)
     if case == "no_reset_steps":
         assert selected.sum() == math.floor(rho * n)  # no ties among normal draws
+
+
+def test_temperature_at_its_dual_optimum_puts_the_weights_kl_at_epsilon_eta():
+    """The E-step's logged KL is the paper's constraint: at the eta that minimizes the dual (found here by scipy, with
+    the selection fixed, as it is for any eta > 0) the weights sit exactly at KL(psi || uniform on the selected) = eps."""
+    from scipy.optimize import minimize_scalar
+
+    rng = np.random.default_rng(5)
+    adv, restart, eps = rng.normal(size=300), (rng.random(300) > 0.1).astype(np.float64), 0.15
+    sel = numpy_e_step(adv, restart, 1.0, 0.5, eps)[1]
+    dual = lambda log_eta: np.exp(log_eta) * (eps + np.log(np.mean(np.exp(adv[sel] / np.exp(log_eta)))))  # noqa: E731
+    eta = float(np.exp(minimize_scalar(dual, bounds=(-5.0, 5.0), method="bounded", options={"xatol": 1e-12}).x))
+    out = V.e_step(torch.tensor(adv), torch.tensor(restart), torch.tensor(eta, dtype=torch.float64), 0.5, eps)
+    psi = out["weights"].numpy()[sel]
+    np.testing.assert_allclose(float(out["kl"]), np.sum(psi * np.log(psi / (1.0 / sel.sum()))), rtol=1e-10)
+    np.testing.assert_allclose(float(out["kl"]), eps, rtol=1e-5)
+    hotter = V.e_step(torch.tensor(adv), torch.tensor(restart), torch.tensor(2 * eta, dtype=torch.float64), 0.5, eps)
+    assert float(hotter["kl"]) < eps  # a higher temperature flattens the weights toward uniform
 
 
 def test_temperature_gradient_matches_numpy_dual():
@@ -547,6 +566,60 @@ def test_targets_match_brute_force(estimator):
     torch.testing.assert_close(ret.double(), expected_ret, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("module", ["ppo_continuous", "vmpo_continuous"])
+def test_reward_scaler_divides_by_the_std_of_each_envs_discounted_return(module):
+    """Against a loop: per env G_t = gamma G_{t-1} + r_t, zeroed after an episode end; every reward is divided by the
+    std of all the G values seen so far (numpy's, over both envs), the step's own included."""
+    scaler = importlib.import_module(module).RewardScaler(2, 0.9, enabled=True)
+    rng = np.random.default_rng(6)
+    rewards, dones = rng.normal(1.0, 2.0, size=(50, 2)), rng.random((50, 2)) < 0.1
+    history, g = [], np.zeros(2)
+    for t in range(50):
+        g = 0.9 * g + rewards[t]
+        history += list(g)
+        # The running statistic starts from a prior of weight 1e-4: a relative error of that order.
+        np.testing.assert_allclose(scaler(rewards[t], dones[t]), rewards[t] / np.std(history), rtol=1e-3)
+        g[dones[t]] = 0.0
+    plain = importlib.import_module(module).RewardScaler(2, 0.9, enabled=False)
+    first = rewards[0]
+    assert plain(first, dones[0]) is first
+
+
+def test_lr_horizon_makes_the_start_of_a_run_independent_of_its_total(tmp_path):
+    """With --lr-horizon the first iterations of a short and a long run are the same run: the same learning rates and
+    the same losses to the bit; the default schedule (over the total) makes them differ from the second iteration."""
+    runs = {}
+    for horizon in (0, 64):
+        for total in (128, 256):
+            args = tiny_args(total_timesteps=total, lr_horizon=horizon, reward_scaling=True, output_dir=str(tmp_path))
+            runs[horizon, total] = read_scalars(V.train(args)["run_dir"])
+    short, long = runs[64, 128], runs[64, 256]
+    lrs = [lr for _, lr in long["charts/learning_rate"]]
+    # lr_k = lr_0 H / (H + (k - 1) B), with H = B = 64 here
+    np.testing.assert_allclose(lrs, [V.Args.policy_lr / k for k in (1, 2, 3, 4)], rtol=1e-6)
+    for tag in ("charts/learning_rate", "losses/policy_loss", "losses/value_loss", "vmpo/temperature", "kl/mu"):
+        assert short[tag] == long[tag][:2], tag
+    assert runs[0, 128]["charts/learning_rate"][1] != runs[0, 256]["charts/learning_rate"][1]
+
+
+def test_resume_with_reward_scaling_continues_like_an_uninterrupted_run(tmp_path):
+    """Probe 4's one-step episodes leave no env state between iterations: the checkpoint (weights, optimizers, duals,
+    normalizers, RNGs, step) is all there is, so straight and resumed runs must agree to the bit."""
+    flags = dict(env_id="Probe4Continuous-v0", max_episode_steps=None, reward_scaling=True, lr_horizon=64)
+    straight = V.train(tiny_args(total_timesteps=256, output_dir=str(tmp_path / "straight"), **flags))
+    first = V.train(tiny_args(total_timesteps=128, output_dir=str(tmp_path / "first"), **flags))
+    last = os.path.join(first["run_dir"], "vmpo_continuous_last.pt")
+    resumed = V.train(tiny_args(total_timesteps=256, resume=last, output_dir=str(tmp_path / "resumed"), **flags))
+    a, b = (torch.load(os.path.join(r["run_dir"], "vmpo_continuous_last.pt"), weights_only=True) for r in (straight, resumed))
+    # obs_rms is left out: a resumed run starts fresh episodes, and their first observations count once more.
+    for part in ("agent", "duals", "reward_rms"):
+        assert a[part].keys() == b[part].keys() and all(
+            torch.equal(torch.as_tensor(a[part][k]), torch.as_tensor(b[part][k])) for k in a[part]
+        ), part
+    assert a["reward_rms"]["count"] > 256  # the scaler saw every step of both halves
+    assert a["optimizers"]["model"]["param_groups"][0]["lr"] == b["optimizers"]["model"]["param_groups"][0]["lr"]
+
+
 def test_advantage_normalization_ignores_reset_steps():
     adv = torch.tensor([1.0, 2.0, 3.0, 1000.0])
     restart = torch.tensor([1.0, 1.0, 1.0, 0.0])
@@ -764,6 +837,7 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
         (dict(topk_fraction=0.0), r"--topk-fraction must be in \(0, 1\], got 0.0"),
         (dict(topk_fraction=1.5), r"--topk-fraction must be in \(0, 1\], got 1.5"),
         (dict(ent_coef=-0.1), r"--ent-coef must be >= 0, got -0.1"),
+        (dict(lr_horizon=-1), r"--lr-horizon must be >= 0 \(0: anneal over --total-timesteps\), got -1"),
         (dict(epsilon_eta=0.0), r"--epsilon-eta must be > 0"),
         (dict(epsilon_mu=-0.1), r"--epsilon-mu must be > 0"),
         (dict(epsilon_sigma=0.0), r"--epsilon-sigma must be > 0"),
@@ -799,6 +873,8 @@ OPTIONS = [
     dict(norm_obs=False),
     dict(anneal_lr=False),
     dict(num_minibatches=1),
+    dict(reward_scaling=True),
+    dict(lr_horizon=64),
 ]
 
 
