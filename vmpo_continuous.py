@@ -108,6 +108,8 @@ class Args:
     """initial temperature eta"""
     temperature_lr: float = 1e-2
     """learning rate of the temperature (one step per iteration)"""
+    temperature_solve: bool = False
+    """solve the temperature's dual on every batch, so the weights' KL sits at epsilon_eta (off: one dual step)"""
     epsilon_eta: float = 0.15
     """KL bound of the E-step weights (temperature dual)"""
     epsilon_mu: float = 0.05
@@ -464,6 +466,20 @@ def e_step(advantages, restarting_weights, temperature: torch.Tensor, topk_fract
     return {"weights": weights, "selected_weights": selected_weights, "threshold": threshold, "dual_loss": dual_loss, "kl": kl}
 
 
+def solve_temperature(advantages: torch.Tensor, selected_weights: torch.Tensor, epsilon_eta: float) -> float:
+    """--temperature-solve: the eta whose weights on this batch's selected samples sit at KL(psi || U_S) = epsilon_eta,
+    the minimum of the convex dual, by bisection on log eta (the KL falls as eta grows), in float64."""
+    adv = advantages[selected_weights > 0].double()
+    lo, hi = math.log(1e-4), math.log(1e4)
+    for _ in range(60):
+        log_eta = 0.5 * (lo + hi)
+        log_psi = torch.log_softmax(adv / math.exp(log_eta), 0)
+        # LaTeX: \mathrm{KL}(\eta) = \sum_{t \in \mathcal{S}} \psi_t(\eta) \log(N_{sel} \psi_t(\eta)), \quad \eta^* : \mathrm{KL}(\eta^*) = \epsilon_\eta
+        kl = (log_psi.exp() * (log_psi + math.log(len(adv)))).sum()
+        lo, hi = (log_eta, hi) if kl > epsilon_eta else (lo, log_eta)
+    return math.exp(0.5 * (lo + hi))
+
+
 def decoupled_kl(mean, log_std, old_mean, old_log_std) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample KL(N(mu_old, sigma_old) || N(mu, sigma_old)) of the mean, KL(... || N(mu_old, sigma)) of the covariance."""
     old_var = (2.0 * old_log_std).exp()
@@ -508,11 +524,17 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     u = agent.unsquash(batch["actions"])
     advantages = normalize_advantages(batch["advantages"], restarting) if args.norm_adv else batch["advantages"]
 
-    # ---- E-step: weights with the current temperature, then one dual step on it.
+    # ---- E-step: weights with the current temperature, then one dual step on it (or the temperature solved first).
+    if args.temperature_solve:  # the top k do not depend on eta > 0: select, solve, then weigh with the solution
+        selected = e_step(advantages, restarting, duals.temperature(), args.topk_fraction, 0.0)["selected_weights"]
+        eta = solve_temperature(advantages, selected, args.epsilon_eta)
+        with torch.no_grad():  # the inverse of softplus(x) + 1e-8
+            duals.log_temperature.fill_(math.log(math.expm1(max(eta - 1e-8, 1e-8))))
     estep = e_step(advantages, restarting, duals.temperature(), args.topk_fraction, args.epsilon_eta)
-    optimizers["temperature"].zero_grad()
-    estep["dual_loss"].backward()
-    optimizers["temperature"].step()
+    if not args.temperature_solve:
+        optimizers["temperature"].zero_grad()
+        estep["dual_loss"].backward()
+        optimizers["temperature"].step()
     weights, selected = estep["weights"], estep["selected_weights"]
     if args.m_step == "clip":
         # The mirror E-step (same temperature and k, negated advantages): exp(-s_t) on the bottom k; its dual loss unused.

@@ -207,8 +207,18 @@ def test_temperature_at_its_dual_optimum_puts_the_weights_kl_at_epsilon_eta():
     psi = out["weights"].numpy()[sel]
     np.testing.assert_allclose(float(out["kl"]), np.sum(psi * np.log(psi / (1.0 / sel.sum()))), rtol=1e-10)
     np.testing.assert_allclose(float(out["kl"]), eps, rtol=1e-5)
+    solved = V.solve_temperature(torch.tensor(adv), out["selected_weights"], eps)  # --temperature-solve's bisection
+    np.testing.assert_allclose(solved, eta, rtol=1e-5)
     hotter = V.e_step(torch.tensor(adv), torch.tensor(restart), torch.tensor(2 * eta, dtype=torch.float64), 0.5, eps)
     assert float(hotter["kl"]) < eps  # a higher temperature flattens the weights toward uniform
+
+
+def test_a_solved_temperature_holds_the_logged_kl_at_epsilon_eta_on_every_batch(tmp_path):
+    scalars = read_scalars(
+        V.train(tiny_args(temperature_solve=True, total_timesteps=256, output_dir=str(tmp_path)))["run_dir"]
+    )
+    np.testing.assert_allclose([kl for _, kl in scalars["vmpo/kl_weights"]], V.Args.epsilon_eta, rtol=1e-4)
+    assert len({eta for _, eta in scalars["vmpo/temperature"]}) == 4  # solved anew for each batch
 
 
 def test_temperature_gradient_matches_numpy_dual():
@@ -875,6 +885,7 @@ OPTIONS = [
     dict(num_minibatches=1),
     dict(reward_scaling=True),
     dict(lr_horizon=64),
+    dict(temperature_solve=True),
 ]
 
 
