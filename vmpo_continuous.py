@@ -123,6 +123,8 @@ class Args:
     m_step: Literal["seed", "clip"] = "clip"
     """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's)"""
     m_step_clip: float = 0.2
+    decoupled_likelihood: bool = False
+    """fit the mean under the old std and the std around the old mean (MPO's), so selecting the top k cannot narrow it"""
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
     ent_coef: float = 0.0
     """M-step entropy bonus: a push on sigma against the top-k fit that narrows it (0: none; 0.01 for runs of millions of steps)"""
@@ -554,9 +556,19 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         start = step % args.num_minibatches * minibatch_size
         mb = order[start : start + minibatch_size]
         mean, log_std, values = agent(obs[mb])
-        gaussian_lp = gaussian_log_prob(mean, log_std, u[mb])
+        if args.decoupled_likelihood:
+            # The top k of N(mu_old, sigma_old) sit closer to their own mean than sigma_old: a std fitted around the new
+            # mean shrinks every iteration, even where the advantage is linear. Around the old mean it keeps their spread.
+            # LaTeX: \log \mathcal{N}_\theta(u_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_{old}) + \log \mathcal{N}(u_t|\mu_{old}, \sigma_\theta) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old})
+            gaussian_lp = (
+                gaussian_log_prob(mean, old_log_stds[mb], u[mb])
+                + gaussian_log_prob(old_means[mb], log_std, u[mb])
+                - old_log_prob[mb]
+            )
+        else:
+            gaussian_lp = gaussian_log_prob(mean, log_std, u[mb])
         # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): the squash Jacobian cancels, the pre-tanh Gaussians are enough.
-        # LaTeX: \log \rho_t = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old})
+        # LaTeX: \log \rho_t = \log \mathcal{N}_\theta(u_t) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old}), \quad \mathcal{N}_\theta(u_t) = \mathcal{N}(u_t|\mu_\theta, \sigma_\theta)
         log_ratio = gaussian_lp - old_log_prob[mb]
         # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
         psi = args.num_minibatches * weights[mb]
