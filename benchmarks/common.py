@@ -128,6 +128,36 @@ AGGREGATE_SUITES = {
     "long": [k for k in BAR_RETURNS if k[1] == 3_000_000],
 }
 
+# CleanRL's published means at 8M steps, (PPO, RPO), 10 seeds, training-episode returns: benchmarks/results/reference.md.
+PUBLISHED_8M = {
+    "dm_control/acrobot/swingup": (26.87, 42.97),
+    "dm_control/cartpole/balance_sparse": (986.04, 988.56),
+    "dm_control/cartpole/swingup_sparse": (240.14, 525.49),
+    "dm_control/cheetah/run": (472.14, 565.51),
+    "dm_control/finger/turn_easy": (237.76, 450.88),
+    "dm_control/finger/turn_hard": (83.76, 259.99),
+    "dm_control/fish/swim": (80.42, 140.33),
+    "dm_control/hopper/hop": (6.48, 62.60),
+    "dm_control/humanoid/stand": (20.76, 140.43),
+    "dm_control/point_mass/easy": (534.23, 653.73),
+    "dm_control/quadruped/run": (171.50, 367.98),
+    "dm_control/reacher/easy": (773.01, 716.89),
+    "dm_control/reacher/hard": (637.84, 576.81),
+    "dm_control/swimmer/swimmer6": (164.22, 159.60),
+    "dm_control/walker/stand": (439.24, 734.74),
+    "dm_control/walker/run": (128.18, 391.56),
+    "dm_control/cartpole/balance": (790.36, 795.12),
+    "dm_control/cartpole/swingup": (590.21, 613.46),
+    "dm_control/walker/walk": (305.74, 787.11),
+    "dm_control/finger/spin": (630.06, 848.67),
+    "dm_control/ball_in_cup/catch": (935.26, 939.75),
+    "dm_control/hopper/stand": (3.26, 404.39),
+}
+# Issue 37's table: both scripts' defaults at 1M steps on these 22 tasks (the short suite's six last), beside the
+# published figures above; report.py's `table22` aggregate.
+SUITE_22 = list(PUBLISHED_8M)
+SUITES["table22"] = {env: "1M" for env in SUITE_22}  # run.py --suite table22
+
 
 def parse_budgets(items: Sequence[str], envs: Sequence[str]) -> dict[str, int]:
     """`['200k', 'dm_control/walker/walk=1M']` -> {env: budget} for every env of the grid."""

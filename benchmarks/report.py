@@ -13,6 +13,10 @@ evaluation divided by its task's bar (`common.BAR_RETURNS`, the better of RPO an
 interquartile mean over runs with a 95% stratified bootstrap interval (rliable, 2000 resamples), and
 `<out>/profile_<suite>.png`, the performance profile (the fraction of runs scoring above tau times the bar). A config
 enters with the same number of seeds on every task: the first n seeds of each, n the fewest it has on any task.
+
+Then `table22` (issue 37), the same aggregate over `common.SUITE_22` at 1M steps with CleanRL's published RPO 8M
+return as the bar (`common.PUBLISHED_8M`), `<out>/profile_table22.png`, and per config the count of tasks whose mean
+final return over those seeds is at or above the published PPO 8M return (e.g. 13/22).
 """
 
 from __future__ import annotations
@@ -88,46 +92,87 @@ AGGREGATE_HEADER = (
 )
 
 
-def normalized_scores(groups: dict, suite: list[tuple[str, int]]) -> dict[str, np.ndarray]:
-    """'algo [tag]' -> (seeds, tasks) final evaluations over the bar, for the configs that ran every task of `suite`."""
+def final_returns(groups: dict, suite: list[tuple[str, int]]) -> dict[str, np.ndarray]:
+    """'algo [tag]' -> (seeds, tasks) final evaluations, for the configs that ran every (env, budget) of `suite`: the
+    first n seeds of each task, n the fewest the config has on any task."""
     configs = {(algo, tag) for (_, algo, tag, _) in groups}
-    scores = {}
+    finals = {}
     for algo, tag in sorted(configs):
         per_task = [groups.get((env, algo, tag, budget)) for env, budget in suite]
         if any(seeds is None for seeds in per_task):
             continue
         n = min(len(seeds) for seeds in per_task)
-        finals = [[runs[-1]["eval_return"] for runs in list(seeds.values())[:n]] for seeds in per_task]
-        bars = np.array([common.BAR_RETURNS[task] for task in suite])
-        scores[f"{algo} [{tag}]"] = np.array(finals, float).T / bars
-    return scores
+        values = [[runs[-1]["eval_return"] for runs in list(seeds.values())[:n]] for seeds in per_task]
+        finals[f"{algo} [{tag}]"] = np.array(values, float).T
+    return finals
+
+
+def normalized_scores(groups: dict, suite: list[tuple[str, int]], bars: dict | None = None) -> dict[str, np.ndarray]:
+    """'algo [tag]' -> (seeds, tasks) final evaluations over the bar (`bars`, by default `common.BAR_RETURNS`), for the
+    configs that ran every task of `suite`."""
+    bars = common.BAR_RETURNS if bars is None else bars
+    divisor = np.array([bars[task] for task in suite])
+    return {name: x / divisor for name, x in final_returns(groups, suite).items()}
+
+
+def aggregate_cells(suite_name: str, scores: dict[str, np.ndarray], reps: int) -> dict[str, list[str]]:
+    """'algo [tag]' -> the aggregate row's cells: suite, algo, tag, seeds per task, runs, IQM [95% CI], mean."""
+    from rliable import library as rly
+    from rliable import metrics
+
+    rng_state = np.random.get_state()
+    np.random.seed(0)  # rliable resamples with numpy's global generator: the same intervals on every run
+    point, interval = rly.get_interval_estimates(scores, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps)
+    np.random.set_state(rng_state)
+    rows = {}
+    for name, x in scores.items():
+        algo, tag = name.split(" [", 1)
+        lo, hi = interval[name][:, 0]
+        rows[name] = [f"| {suite_name}", algo, tag[:-1], str(x.shape[0]), str(x.size)]
+        rows[name] += [f"{point[name][0]:.3f} [{lo:.3f}, {hi:.3f}]", f"{x.mean():.3f}"]
+    return rows
 
 
 def aggregate(groups: dict, out: Path, reps: int = 2000) -> str:
     """The aggregate table (Markdown) and one performance-profile PNG per suite."""
-    from rliable import library as rly
-    from rliable import metrics
-
     lines = [AGGREGATE_HEADER]
     for suite_name, suite in common.AGGREGATE_SUITES.items():
         scores = normalized_scores(groups, suite)
         if not scores:
             continue
-        rng_state = np.random.get_state()
-        np.random.seed(0)  # rliable resamples with numpy's global generator: the same intervals on every run
-        point, interval = rly.get_interval_estimates(scores, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps)
-        np.random.set_state(rng_state)
-        for name, x in scores.items():
-            algo, tag = name.split(" [", 1)
-            lo, hi = interval[name][:, 0]
-            cells = [f"| {suite_name}", algo, tag[:-1], str(x.shape[0]), str(x.size)]
-            cells += [f"{point[name][0]:.3f} [{lo:.3f}, {hi:.3f}]", f"{x.mean():.3f} |"]
-            lines.append(" | ".join(cells))
+        lines += [" | ".join(cells) + " |" for cells in aggregate_cells(suite_name, scores, reps).values()]
         plot_profile(scores, out / f"profile_{suite_name}.png", f"{suite_name} suite: {', '.join(e for e, _ in suite)}")
     return "\n".join(lines) + "\n"
 
 
-def plot_profile(scores: dict[str, np.ndarray], path: Path, title: str) -> None:
+TABLE22_BUDGET = 1_000_000
+TABLE22_HEADER = (
+    "table22 (issue 37): final evaluation at 1M over CleanRL's published RPO 8M return, 22 dm_control tasks; last"
+    " column: the tasks whose mean final return is at or above the published PPO 8M return\n\n"
+    "| suite | algo | tag | seeds per task | runs | IQM of return / RPO 8M [95% CI] | mean of return / RPO 8M |"
+    " tasks at or above PPO 8M |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
+
+
+def table22(groups: dict, out: Path, reps: int = 2000) -> str:
+    """The table22 section (Markdown) and `<out>/profile_table22.png`; one line when no config ran all 22 tasks."""
+    suite = [(env, TABLE22_BUDGET) for env in common.SUITE_22]
+    rpo_bars = {(env, budget): common.PUBLISHED_8M[env][1] for env, budget in suite}
+    scores = normalized_scores(groups, suite, rpo_bars)
+    if not scores:
+        return f"table22: no algo/tag has runs at 1M on all {len(suite)} tasks of common.SUITE_22\n"
+    ppo = np.array([common.PUBLISHED_8M[env][0] for env in common.SUITE_22])
+    finals = final_returns(groups, suite)
+    lines = [TABLE22_HEADER]
+    for name, cells in aggregate_cells("table22", scores, reps).items():
+        at_or_above = int((finals[name].mean(axis=0) >= ppo).sum())
+        lines.append(" | ".join([*cells, f"{at_or_above}/{len(suite)} |"]))
+    plot_profile(scores, out / "profile_table22.png", "table22: 22 dm_control tasks at 1M", "CleanRL's RPO 8M return")
+    return "\n".join(lines) + "\n"
+
+
+def plot_profile(scores: dict[str, np.ndarray], path: Path, title: str, bar: str = "bar") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,7 +185,7 @@ def plot_profile(scores: dict[str, np.ndarray], path: Path, title: str) -> None:
     for name, x in scores.items():
         ax.plot(taus, profiles[name], label=f"{name} ({x.size} runs)")
     ax.axvline(1.0, color="gray", linestyle=":")
-    ax.set_xlabel("tau (final eval return / bar)")
+    ax.set_xlabel(f"tau (final eval return / {bar})")
     ax.set_ylabel("fraction of runs above tau")
     ax.set_title(title, fontsize="small")
     ax.grid(alpha=0.3)
@@ -211,6 +256,7 @@ def main() -> int:
     summary = aggregate(groups, out)
     if summary.count("\n") > 2:
         md += "\n" + summary
+    md += "\n" + table22(groups, out)
     (out / "results.md").write_text(md)
     print(md, end="")
     for env in sorted({k[0] for k in groups}):

@@ -10,6 +10,7 @@ import pstats
 import re
 import statistics
 
+import numpy as np
 import pytest
 from helpers import ROOT, read_scalars, run_cli, single_run_dir
 
@@ -188,6 +189,24 @@ def test_report_table_and_curves(tmp_path):
         assert image[..., :3].std() > 0.05, f"{png} looks blank"
 
 
+RESULT_HEADER = "algo,tag,env,seed,budget,step,wall_time,eval_return,eval_std\n"
+
+
+def run_lines(algo: str, tag: str, env: str, seed: int, budget: int, final: float) -> list[str]:
+    """One run's rows: a better evaluation halfway, then the final one (the aggregate must take the final)."""
+    return [
+        f"{algo},{tag},{env},{seed},{budget},{budget // 2},10,{final * 3},1\n",
+        f"{algo},{tag},{env},{seed},{budget},{budget},20,{final},1\n",
+    ]
+
+
+def trimmed_iqm(scores) -> float:
+    """The interquartile mean written out: sort, drop a quarter of the runs at each end, average the rest."""
+    x = np.sort(np.asarray(scores, float).ravel())
+    cut = len(x) // 4
+    return float(x[cut : len(x) - cut].mean())
+
+
 SHORT = {"cartpole/balance": (200_000, 509.0), "cartpole/swingup": (500_000, 849.0), "walker/walk": (1_000_000, 543.2)}
 SHORT |= {"finger/spin": (500_000, 553.3), "ball_in_cup/catch": (500_000, 619.9)}
 
@@ -195,7 +214,6 @@ SHORT |= {"finger/spin": (500_000, 553.3), "ball_in_cup/catch": (500_000, 619.9)
 def test_report_aggregates_normalised_scores_with_an_iqm_and_a_profile(tmp_path):
     """Config A: 4 seeds on every short-suite task; B: 3 seeds on one task, 4 elsewhere (it enters with 3 per task);
     C lacks a task (left out). The IQM is checked against a trimmed mean written out here."""
-    header = "algo,tag,env,seed,budget,step,wall_time,eval_return,eval_std\n"
     lines, expected = [], {"A": [], "B": []}
     for t, (task, (budget, bar)) in enumerate(SHORT.items()):
         for tag in ("A", "B", "C"):
@@ -204,21 +222,20 @@ def test_report_aggregates_normalised_scores_with_an_iqm_and_a_profile(tmp_path)
             seeds = (1, 2, 3) if tag == "B" and task == "finger/spin" else (1, 2, 3, 4)
             for seed in seeds:
                 final = bar * (0.5 + 0.11 * seed**3 + 0.09 * t + (0.3 if tag == "A" else 0.0))  # skewed: IQM < mean
-                lines.append(f"vmpo_continuous,{tag},dm_control/{task},{seed},{budget},{budget // 2},10,{final * 3},1\n")
-                lines.append(f"vmpo_continuous,{tag},dm_control/{task},{seed},{budget},{budget},20,{final},1\n")
+                lines += run_lines("vmpo_continuous", tag, f"dm_control/{task}", seed, budget, final)
                 if tag == "A" or (tag == "B" and seed <= 3):
                     expected[tag].append(final / bar)
-    (tmp_path / "s.csv").write_text(header + "".join(lines))
+    (tmp_path / "s.csv").write_text(RESULT_HEADER + "".join(lines))
     proc = bench("report.py", tmp_path / "s.csv", "--out", tmp_path / "report")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     md = (tmp_path / "report" / "results.md").read_text()
+    assert "table22: no algo/tag has runs at 1M on all 22 tasks" in md  # none ran the 22-task table
     rows = [line for line in md.splitlines() if line.startswith("| short |")]
     assert [r.split(" | ")[2] for r in rows] == ["A", "B"]  # C ran four of the five tasks
     for row, tag in zip(rows, ("A", "B"), strict=True):
         cells = row.strip("| ").split(" | ")
         scores = sorted(expected[tag])
-        cut = len(scores) // 4  # the interquartile mean: drop a quarter at each end
-        iqm = sum(scores[cut : len(scores) - cut]) / (len(scores) - 2 * cut)
+        iqm = trimmed_iqm(scores)
         assert cells[3:5] == (["4", "20"] if tag == "A" else ["3", "15"])
         point, lo, hi = (float(x) for x in re.findall(r"[\d.]+", cells[5]))
         assert abs(iqm - sum(scores) / len(scores)) > 0.1  # so the check below tells the IQM from the mean
@@ -227,6 +244,50 @@ def test_report_aggregates_normalised_scores_with_an_iqm_and_a_profile(tmp_path)
     import matplotlib.image
 
     image = matplotlib.image.imread(tmp_path / "report" / "profile_short.png")
+    assert image.shape[1] >= 700 and image[..., :3].std() > 0.05
+
+
+def test_report_table22_over_the_published_8m_figures(tmp_path):
+    """Issue 37's table: A (4 seeds) and B (3 seeds, 2 on one task: it enters with 2) ran all 22 tasks at 1M; C ran
+    one task at 500k only (left out). Scores are finals over RPO's 8M figure; the count compares seed means with PPO's."""
+    # The (PPO 8M, RPO 8M) means as reference.md prints them, so the report's figures are checked against that page.
+    section = (BENCH / "results" / "reference.md").read_text().split("## CleanRL's published 8M figures")[1]
+    published = {
+        task: (float(ppo), float(rpo))
+        for task, ppo, rpo in re.findall(r"^\| dm_control/(\S+) \| ([\d.]+) ± [\d.]+ \| ([\d.]+) ± [\d.]+ \|$", section, re.M)
+    }
+    assert len(published) == 22
+    lines, finals = [], {"A": [], "B": []}  # finals[tag]: per task, the finals of the seeds that enter
+    for t, (task, (_, rpo)) in enumerate(published.items()):
+        for tag, seeds in [("A", (1, 2, 3, 4)), ("B", (1, 2) if task == "walker/run" else (1, 2, 3)), ("C", (1, 2))]:
+            budget = 500_000 if tag == "C" and task == "fish/swim" else 1_000_000
+            # Skewed over seeds and tasks (IQM < mean), some tasks above PPO's figure and some below for A and B.
+            values = [rpo * (0.1 + 0.01 * s**3 + 2 * (t / 21) ** 3 + (0.2 if tag == "A" else 0.0)) for s in seeds]
+            for seed, final in zip(seeds, values, strict=True):
+                lines += run_lines("ppo_continuous", tag, f"dm_control/{task}", seed, budget, final)
+            if tag != "C":
+                finals[tag].append(values[: 4 if tag == "A" else 2])
+    (tmp_path / "t.csv").write_text(RESULT_HEADER + "".join(lines))
+    proc = bench("report.py", tmp_path / "t.csv", "--out", tmp_path / "report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    md = (tmp_path / "report" / "results.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| table22 |")]
+    assert [r.split(" | ")[2] for r in rows] == ["A", "B"]  # C has fish/swim at 500k, not 1M
+    ppo, rpo = np.array(list(published.values())).T
+    for row, tag in zip(rows, ("A", "B"), strict=True):
+        cells = row.strip("| ").split(" | ")
+        x = np.array(finals[tag]).T  # (seeds, tasks)
+        scores = x / rpo
+        assert cells[3:5] == (["4", "88"] if tag == "A" else ["2", "44"])
+        point, lo, hi = (float(v) for v in re.findall(r"[\d.]+", cells[5]))
+        assert abs(trimmed_iqm(scores) - scores.mean()) > 0.1  # so the check below tells the IQM from the mean
+        assert point == pytest.approx(trimmed_iqm(scores), abs=1e-3) and lo <= point <= hi and hi - lo > 0.01
+        assert float(cells[6]) == pytest.approx(scores.mean(), abs=1e-3)
+        at_or_above = sum(m >= p for m, p in zip(x.mean(axis=0), ppo, strict=True))
+        assert 0 < at_or_above < 22 and cells[7] == f"{at_or_above}/22"
+    import matplotlib.image
+
+    image = matplotlib.image.imread(tmp_path / "report" / "profile_table22.png")
     assert image.shape[1] >= 700 and image[..., :3].std() > 0.05
 
 
