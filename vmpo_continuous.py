@@ -492,6 +492,19 @@ def decoupled_kl(mean, log_std, old_mean, old_log_std) -> tuple[torch.Tensor, to
     return kl_mu, kl_sigma
 
 
+def decoupled_log_prob(mean, log_std, old_mean, old_log_std, u: torch.Tensor) -> torch.Tensor:
+    """--decoupled-likelihood: the mean fitted under the old std, the std around the old mean. The top k of
+    N(mu_old, sigma_old) sit closer to their own mean than sigma_old (a half-Gaussian's spread), so a std fitted around
+    the new mean shrinks every iteration even where the advantage is linear; around the old mean it keeps their spread.
+    Equal to the joint log-density at the old parameters, and with the same gradient as each factor alone."""
+    # LaTeX: \log \mathcal{N}_\theta(u_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_{old}) + \log \mathcal{N}(u_t|\mu_{old}, \sigma_\theta) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old})
+    return (
+        gaussian_log_prob(mean, old_log_std, u)
+        + gaussian_log_prob(old_mean, log_std, u)
+        - gaussian_log_prob(old_mean, old_log_std, u)
+    )
+
+
 def nll_loss(weights: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
     """--m-step seed, the paper's M-step: weighted maximum likelihood of the top-k samples."""
     # LaTeX: \mathcal{L}^{NLL}_\pi = -\sum_t \psi_t \log \pi_\theta(a_t \mid s_t)
@@ -557,14 +570,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         mb = order[start : start + minibatch_size]
         mean, log_std, values = agent(obs[mb])
         if args.decoupled_likelihood:
-            # The top k of N(mu_old, sigma_old) sit closer to their own mean than sigma_old: a std fitted around the new
-            # mean shrinks every iteration, even where the advantage is linear. Around the old mean it keeps their spread.
-            # LaTeX: \log \mathcal{N}_\theta(u_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_{old}) + \log \mathcal{N}(u_t|\mu_{old}, \sigma_\theta) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old})
-            gaussian_lp = (
-                gaussian_log_prob(mean, old_log_stds[mb], u[mb])
-                + gaussian_log_prob(old_means[mb], log_std, u[mb])
-                - old_log_prob[mb]
-            )
+            gaussian_lp = decoupled_log_prob(mean, log_std, old_means[mb], old_log_stds[mb], u[mb])
         else:
             gaussian_lp = gaussian_log_prob(mean, log_std, u[mb])
         # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): the squash Jacobian cancels, the pre-tanh Gaussians are enough.

@@ -347,6 +347,37 @@ def test_entropy_bonus_subtracts_c_times_the_gaussian_entropy_and_widens_the_pol
     assert (log_std_c > log_std_0).all()  # the bonus's gradient on each log-std is -c: the step widens the policy
 
 
+def test_decoupled_log_prob_moves_the_mean_under_the_old_std_and_the_std_around_the_old_mean():
+    rng = np.random.default_rng(8)
+    u = torch.tensor(rng.normal(size=(50, 3)))
+    old_mean, old_log_std = torch.tensor(rng.normal(size=(50, 3))), torch.tensor(rng.normal(0.0, 0.3, size=(50, 3)))
+    mean, log_std = (x.clone().requires_grad_() for x in (old_mean + 0.3, old_log_std - 0.2))
+    V.decoupled_log_prob(mean, log_std, old_mean, old_log_std, u).sum().backward()
+    mean_ref, log_std_ref = (x.detach().clone().requires_grad_() for x in (mean, log_std))
+    Normal(mean_ref, old_log_std.exp()).log_prob(u).sum().backward()
+    Normal(old_mean, log_std_ref.exp()).log_prob(u).sum().backward()
+    torch.testing.assert_close(mean.grad, mean_ref.grad)
+    torch.testing.assert_close(log_std.grad, log_std_ref.grad)
+    at_old = V.decoupled_log_prob(old_mean, old_log_std, old_mean, old_log_std, u)
+    torch.testing.assert_close(at_old, Independent(Normal(old_mean, old_log_std.exp()), 1).log_prob(u))
+
+
+def test_the_top_half_narrows_a_std_fitted_around_its_own_mean_but_not_around_the_old_one():
+    """The mechanism behind --decoupled-likelihood: under a linear advantage the top half of N(0, 1) has variance
+    1 - 2/pi about its own mean but second moment 1 about the old mean, so only the joint fit pulls the std down."""
+    u = torch.tensor(np.random.default_rng(9).normal(size=(200_000, 1)))
+    top = u[u[:, 0] > u.median()]  # the top half under A(u) = u; uniform weights (a hot temperature)
+    zero = torch.zeros(1, dtype=torch.float64)
+    for decoupled in (False, True):
+        log_std = zero.clone().requires_grad_()
+        mean = top.mean(0)  # the mean the fit moves to
+        lp = V.decoupled_log_prob(mean, log_std, zero, zero, top) if decoupled else V.gaussian_log_prob(mean, log_std, top)
+        lp.mean().backward()
+        # d/dlog sigma of the mean log-density at sigma 1: E[(u - m)^2] - 1
+        expected = (1.0 - 2.0 / math.pi) - 1.0 if not decoupled else 0.0
+        assert float(log_std.grad) == pytest.approx(expected, abs=0.01)
+
+
 def test_alphas_grow_above_epsilon_and_shrink_below():
     before, after, _ = synthetic_update(mean_offset=1.0, log_std_offset=0.5)  # both KLs far above their epsilons
     assert after[1] > before[1] and after[2] > before[2]
@@ -886,6 +917,8 @@ OPTIONS = [
     dict(reward_scaling=True),
     dict(lr_horizon=64),
     dict(temperature_solve=True),
+    dict(decoupled_likelihood=True),
+    dict(decoupled_likelihood=True, m_step="seed"),
 ]
 
 
