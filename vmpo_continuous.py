@@ -123,9 +123,9 @@ class Args:
     m_step: Literal["seed", "clip"] = "clip"
     """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's)"""
     m_step_clip: float = 0.2
-    decoupled_likelihood: bool = False
-    """fit the mean under the old std and the std around the old mean (MPO's), so selecting the top k cannot narrow it"""
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
+    decoupled_likelihood: bool = False
+    """M-step likelihood with the mean under the old std and the std around the old mean (MPO's decoupled fit)"""
     ent_coef: float = 0.0
     """M-step entropy bonus: a push on sigma against the top-k fit that narrows it (0: none; 0.01 for runs of millions of steps)"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
