@@ -126,6 +126,8 @@ class Args:
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
     decoupled_likelihood: bool = False
     """M-step likelihood with the mean under the old std and the std around the old mean (MPO's decoupled fit)"""
+    target_kl: float | None = None
+    """stop the M-step after a pass over the batch whose mean KL (mean and covariance parts) exceeds this (PPO's)"""
     ent_coef: float = 0.0
     """M-step entropy bonus: a push on sigma against the top-k fit that narrows it (0: none; 0.01 for runs of millions of steps)"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
@@ -561,6 +563,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
 
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
     minibatch_size = len(obs) // args.num_minibatches
+    pass_kls = []  # each M-step's KL of this pass, for --target-kl
     for step in range(args.m_steps):
         if step % args.num_minibatches == 0:  # a fresh shuffle for each pass over the batch
             # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
@@ -611,6 +614,12 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         # LaTeX: g \leftarrow g \cdot \min\left(1, \frac{c_{\max}}{\lVert g \rVert_2}\right)
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizers["model"].step()
+        pass_kls.append(masked_mean(kl_mu_t + kl_sigma_t, restarting[mb]).detach())  # before this step, as PPO's
+        if (step + 1) % args.num_minibatches == 0:
+            # LaTeX: \text{stop if } \frac{1}{n} \sum_{\text{pass}} \big(D_\mu + D_\sigma\big) > \text{target\_kl}
+            if args.target_kl is not None and torch.stack(pass_kls).mean() > args.target_kl:
+                break
+            pass_kls = []
 
     # ---- Diagnostics: the last M-step's (its minibatch); the KLs and the clip fraction over non-restarting samples.
     with torch.no_grad():
@@ -623,6 +632,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         stats["vmpo/alpha_mu"], stats["vmpo/alpha_sigma"] = alpha_mu, alpha_sigma
         stats["vmpo/temperature"] = duals.temperature()
         stats["vmpo/ess"] = 1.0 / (weights**2).sum()  # effective sample size of the E-step weights
+        stats["vmpo/m_steps"] = torch.tensor(step + 1.0)  # fewer than --m-steps where --target-kl stopped the M-step
         stats["vmpo/kl_weights"] = estep["kl"]  # the constraint the temperature's dual holds at epsilon_eta
     stats = {k: float(x.detach()) for k, x in stats.items()}
     bad = [k for k in stats if k.startswith("losses/") and not math.isfinite(stats[k])]
@@ -1209,6 +1219,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     for name in (*positive, "temperature_lr", "alpha_lr", "max_grad_norm"):
         require(getattr(args, name) > 0, name, "> 0")
     require(args.ent_coef >= 0, "ent_coef", ">= 0")
+    require(args.target_kl is None or args.target_kl > 0, "target_kl", "> 0 (or left unset)")
     require(args.lr_horizon >= 0, "lr_horizon", ">= 0 (0: anneal over --total-timesteps)")
     for name in ("num_envs", "num_steps", "m_steps", "num_minibatches", "eval_episodes"):
         require(getattr(args, name) >= 1, name, ">= 1")

@@ -626,6 +626,15 @@ def test_reward_scaler_divides_by_the_std_of_each_envs_discounted_return(module)
     assert plain(first, dones[0]) is first
 
 
+def test_target_kl_stops_the_m_step_after_the_first_pass_whose_kl_is_above_it(tmp_path):
+    steps = {}
+    for target in (None, 1e-12, 1e6):
+        args = tiny_args(target_kl=target, m_steps=8, num_minibatches=2, total_timesteps=128, output_dir=str(tmp_path))
+        steps[target] = [n for _, n in read_scalars(V.train(args)["run_dir"])["vmpo/m_steps"]]
+    # Pass 1 sees the old policy (KL 0 before its first step) and one step later: above any tiny target.
+    assert steps[None] == steps[1e6] == [8, 8] and steps[1e-12] == [2, 2]
+
+
 def test_lr_horizon_makes_the_start_of_a_run_independent_of_its_total(tmp_path):
     """With --lr-horizon the first iterations of a short and a long run are the same run: the same learning rates and
     the same losses to the bit; the default schedule (over the total) makes them differ from the second iteration."""
@@ -878,6 +887,7 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
         (dict(topk_fraction=0.0), r"--topk-fraction must be in \(0, 1\], got 0.0"),
         (dict(topk_fraction=1.5), r"--topk-fraction must be in \(0, 1\], got 1.5"),
         (dict(ent_coef=-0.1), r"--ent-coef must be >= 0, got -0.1"),
+        (dict(target_kl=0.0), r"--target-kl must be > 0 \(or left unset\), got 0.0"),
         (dict(lr_horizon=-1), r"--lr-horizon must be >= 0 \(0: anneal over --total-timesteps\), got -1"),
         (dict(epsilon_eta=0.0), r"--epsilon-eta must be > 0"),
         (dict(epsilon_mu=-0.1), r"--epsilon-mu must be > 0"),
@@ -919,6 +929,7 @@ OPTIONS = [
     dict(temperature_solve=True),
     dict(decoupled_likelihood=True),
     dict(decoupled_likelihood=True, m_step="seed"),
+    dict(target_kl=0.01),
 ]
 
 
