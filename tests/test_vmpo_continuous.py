@@ -629,7 +629,8 @@ def test_reward_scaler_divides_by_the_std_of_each_envs_discounted_return(module)
 def test_target_kl_stops_the_m_step_after_the_first_pass_whose_kl_is_above_it(tmp_path):
     steps = {}
     for target in (None, 1e-12, 1e6):
-        args = tiny_args(target_kl=target, m_steps=8, num_minibatches=2, total_timesteps=128, output_dir=str(tmp_path))
+        out = str(tmp_path / str(target))  # run dirs are named to the second: one root each
+        args = tiny_args(target_kl=target, m_steps=8, num_minibatches=2, total_timesteps=128, output_dir=out)
         steps[target] = [n for _, n in read_scalars(V.train(args)["run_dir"])["vmpo/m_steps"]]
     # Pass 1 sees the old policy (KL 0 before its first step) and one step later: above any tiny target.
     assert steps[None] == steps[1e6] == [8, 8] and steps[1e-12] == [2, 2]
@@ -641,7 +642,8 @@ def test_lr_horizon_makes_the_start_of_a_run_independent_of_its_total(tmp_path):
     runs = {}
     for horizon in (0, 64):
         for total in (128, 256):
-            args = tiny_args(total_timesteps=total, lr_horizon=horizon, reward_scaling=True, output_dir=str(tmp_path))
+            out = tmp_path / f"h{horizon}-t{total}"  # run dirs are named to the second: one root each
+            args = tiny_args(total_timesteps=total, lr_horizon=horizon, reward_scaling=True, output_dir=str(out))
             runs[horizon, total] = read_scalars(V.train(args)["run_dir"])
     short, long = runs[64, 128], runs[64, 256]
     lrs = [lr for _, lr in long["charts/learning_rate"]]
