@@ -470,16 +470,15 @@ def e_step(advantages, restarting_weights, temperature: torch.Tensor, topk_fract
     return {"weights": weights, "selected_weights": selected_weights, "threshold": threshold, "dual_loss": dual_loss, "kl": kl}
 
 
-def solve_temperature(advantages: torch.Tensor, selected_weights: torch.Tensor, epsilon_eta: float) -> float:
-    """--temperature-solve: the eta whose weights on this batch's selected samples sit at KL(psi || U_S) = epsilon_eta,
-    the minimum of the convex dual, by bisection on log eta (the KL falls as eta grows), in float64."""
-    adv = advantages[selected_weights > 0].double()
+def solve_temperature(advantages, restarting_weights, topk_fraction: float, epsilon_eta: float) -> float:
+    """--temperature-solve: the eta whose E-step weights sit at KL(psi || U_S) = epsilon_eta, the minimum of the convex
+    dual, by bisection on log eta (the top k do not depend on eta, and their weights' KL falls as eta grows)."""
     lo, hi = math.log(1e-4), math.log(1e4)
     for _ in range(60):
         log_eta = 0.5 * (lo + hi)
-        log_psi = torch.log_softmax(adv / math.exp(log_eta), 0)
-        # LaTeX: \mathrm{KL}(\eta) = \sum_{t \in \mathcal{S}} \psi_t(\eta) \log(N_{sel} \psi_t(\eta)), \quad \eta^* : \mathrm{KL}(\eta^*) = \epsilon_\eta
-        kl = (log_psi.exp() * (log_psi + math.log(len(adv)))).sum()
+        eta = torch.tensor(math.exp(log_eta), dtype=advantages.dtype, device=advantages.device)
+        # LaTeX: \eta^* : \mathrm{KL}(\psi(\eta^*) \,\|\, \mathcal{U}_{\mathcal{S}}) = \epsilon_\eta
+        kl = e_step(advantages, restarting_weights, eta, topk_fraction, epsilon_eta)["kl"]
         lo, hi = (log_eta, hi) if kl > epsilon_eta else (lo, log_eta)
     return math.exp(0.5 * (lo + hi))
 
@@ -542,9 +541,8 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     advantages = normalize_advantages(batch["advantages"], restarting) if args.norm_adv else batch["advantages"]
 
     # ---- E-step: weights with the current temperature, then one dual step on it (or the temperature solved first).
-    if args.temperature_solve:  # the top k do not depend on eta > 0: select, solve, then weigh with the solution
-        selected = e_step(advantages, restarting, duals.temperature(), args.topk_fraction, 0.0)["selected_weights"]
-        eta = solve_temperature(advantages, selected, args.epsilon_eta)
+    if args.temperature_solve:
+        eta = solve_temperature(advantages, restarting, args.topk_fraction, args.epsilon_eta)
         with torch.no_grad():  # the inverse of softplus(x) + 1e-8
             duals.log_temperature.fill_(math.log(math.expm1(max(eta - 1e-8, 1e-8))))
     estep = e_step(advantages, restarting, duals.temperature(), args.topk_fraction, args.epsilon_eta)
@@ -563,7 +561,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
 
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
     minibatch_size = len(obs) // args.num_minibatches
-    pass_kls = []  # each M-step's KL of this pass, for --target-kl
+    step_kls = []  # each M-step's KL, for --target-kl
     for step in range(args.m_steps):
         if step % args.num_minibatches == 0:  # a fresh shuffle for each pass over the batch
             # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
@@ -614,12 +612,12 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         # LaTeX: g \leftarrow g \cdot \min\left(1, \frac{c_{\max}}{\lVert g \rVert_2}\right)
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizers["model"].step()
-        pass_kls.append(masked_mean(kl_mu_t + kl_sigma_t, restarting[mb]).detach())  # before this step, as PPO's
-        if (step + 1) % args.num_minibatches == 0:
+        if args.target_kl is not None:  # the KL before each step, as PPO's; checked at the end of each pass
+            step_kls.append(masked_mean(kl_mu_t + kl_sigma_t, restarting[mb]).detach())
+            end_of_pass = (step + 1) % args.num_minibatches == 0
             # LaTeX: \text{stop if } \frac{1}{n} \sum_{\text{pass}} \big(D_\mu + D_\sigma\big) > \text{target\_kl}
-            if args.target_kl is not None and torch.stack(pass_kls).mean() > args.target_kl:
+            if end_of_pass and torch.stack(step_kls[-args.num_minibatches :]).mean() > args.target_kl:
                 break
-            pass_kls = []
 
     # ---- Diagnostics: the last M-step's (its minibatch); the KLs and the clip fraction over non-restarting samples.
     with torch.no_grad():

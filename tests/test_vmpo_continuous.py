@@ -207,7 +207,7 @@ def test_temperature_at_its_dual_optimum_puts_the_weights_kl_at_epsilon_eta():
     psi = out["weights"].numpy()[sel]
     np.testing.assert_allclose(float(out["kl"]), np.sum(psi * np.log(psi / (1.0 / sel.sum()))), rtol=1e-10)
     np.testing.assert_allclose(float(out["kl"]), eps, rtol=1e-5)
-    solved = V.solve_temperature(torch.tensor(adv), out["selected_weights"], eps)  # --temperature-solve's bisection
+    solved = V.solve_temperature(torch.tensor(adv), torch.tensor(restart), 0.5, eps)  # --temperature-solve's bisection
     np.testing.assert_allclose(solved, eta, rtol=1e-5)
     hotter = V.e_step(torch.tensor(adv), torch.tensor(restart), torch.tensor(2 * eta, dtype=torch.float64), 0.5, eps)
     assert float(hotter["kl"]) < eps  # a higher temperature flattens the weights toward uniform
