@@ -94,6 +94,8 @@ class Args:
     """anneal the policy and value learning rates (how: --lr-horizon)"""
     lr_horizon: int = 0
     """0: linearly to 0 over --total-timesteps; H > 0: as H / (H + step), the same at every budget"""
+    lr_cooldown: float = 0.0
+    """with --lr-horizon: over this last fraction of the run the rates fall linearly to 0 (0: no cool-down)"""
     optimizer: Literal["adam", "sgd"] = "adam"
     """optimizer of networks and duals: adam (eps 1e-5), or sgd (with --sgd-momentum) to compare with plain-SGD trainers"""
     sgd_momentum: float = 0.9
@@ -793,7 +795,7 @@ def train(args: Args) -> dict:
         for iteration in range(run.iteration + 1, num_iterations + 1):
             tick = time.time()
             if args.anneal_lr:
-                lr_scale = learning_rate_scale(iteration, num_iterations, batch_size, args.lr_horizon)
+                lr_scale = learning_rate_scale(iteration, num_iterations, batch_size, args.lr_horizon, args.lr_cooldown)
                 for group, lr in zip(optimizers["model"].param_groups, (args.policy_lr, args.value_lr), strict=True):
                     group["lr"] = lr * lr_scale
 
@@ -858,14 +860,18 @@ def train(args: Args) -> dict:
     return summary | final
 
 
-def learning_rate_scale(iteration: int, num_iterations: int, batch_size: int, horizon: int) -> float:
+def learning_rate_scale(iteration: int, num_iterations: int, batch_size: int, horizon: int, cooldown: float) -> float:
     """The factor on the initial learning rates at iteration k (1-based). Linear over the budget by default; with a
-    horizon H, a decay in the steps already trained alone, so a run's first million steps do not depend on its total."""
+    horizon H, a decay in the steps already trained alone, so a run's first million steps do not depend on its total;
+    a cool-down f then takes the last fraction f of the run linearly to 0, so every budget ends on small steps."""
     if horizon == 0:
         # LaTeX: \lambda_k = \lambda_0 \left(1 - \frac{k - 1}{K}\right)
         return 1.0 - (iteration - 1.0) / num_iterations
-    # LaTeX: \lambda_k = \lambda_0 \frac{H}{H + (k - 1) B}, \quad B = \text{num\_envs} \cdot \text{num\_steps}
-    return horizon / (horizon + (iteration - 1.0) * batch_size)
+    # LaTeX: \lambda_k = \lambda_0 \frac{H}{H + (k - 1) B} \min\left(1, \frac{1 - (k - 1) / K}{f}\right), \quad B = \text{num\_envs} \cdot \text{num\_steps}
+    scale = horizon / (horizon + (iteration - 1.0) * batch_size)
+    if cooldown > 0:
+        scale *= min(1.0, (1.0 - (iteration - 1.0) / num_iterations) / cooldown)
+    return scale
 
 
 def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> None:
@@ -1219,6 +1225,9 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     require(args.ent_coef >= 0, "ent_coef", ">= 0")
     require(args.target_kl is None or args.target_kl > 0, "target_kl", "> 0 (or left unset)")
     require(args.lr_horizon >= 0, "lr_horizon", ">= 0 (0: anneal over --total-timesteps)")
+    require(0 <= args.lr_cooldown <= 1, "lr_cooldown", "in [0, 1]")
+    if args.lr_cooldown > 0 and args.lr_horizon == 0:
+        raise ConfigError("--lr-cooldown needs --lr-horizon > 0 (the default schedule already ends at 0)")
     for name in ("num_envs", "num_steps", "m_steps", "num_minibatches", "eval_episodes"):
         require(getattr(args, name) >= 1, name, ">= 1")
     for name in ("torch_threads", "eval_interval"):
