@@ -654,6 +654,16 @@ def test_lr_horizon_makes_the_start_of_a_run_independent_of_its_total(tmp_path):
     assert runs[0, 128]["charts/learning_rate"][1] != runs[0, 256]["charts/learning_rate"][1]
 
 
+def test_lr_cooldown_takes_the_last_fraction_of_a_run_linearly_to_zero(tmp_path):
+    """A cool-down f = 0.5 over 4 iterations leaves the first half on H / (H + step) and scales the rest by
+    (1 - (k - 1) / K) / f: read back from a real run's logged rates."""
+    args = tiny_args(total_timesteps=256, lr_horizon=64, lr_cooldown=0.5, output_dir=str(tmp_path))
+    lrs = [lr for _, lr in read_scalars(V.train(args)["run_dir"])["charts/learning_rate"]]
+    hyperbola = [1.0, 1 / 2, 1 / 3, 1 / 4]  # H / (H + (k - 1) B) with H = B = 64
+    ramp = [1.0, 1.0, 0.5 / 0.5, 0.25 / 0.5]
+    np.testing.assert_allclose(lrs, [V.Args.policy_lr * h * r for h, r in zip(hyperbola, ramp)], rtol=1e-6)
+
+
 def test_resume_with_reward_scaling_continues_like_an_uninterrupted_run(tmp_path):
     """Probe 4's one-step episodes leave no env state between iterations: the checkpoint (weights, optimizers, duals,
     normalizers, RNGs, step) is all there is, so straight and resumed runs must agree to the bit."""
@@ -891,6 +901,8 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
         (dict(ent_coef=-0.1), r"--ent-coef must be >= 0, got -0.1"),
         (dict(target_kl=0.0), r"--target-kl must be > 0 \(or left unset\), got 0.0"),
         (dict(lr_horizon=-1), r"--lr-horizon must be >= 0 \(0: anneal over --total-timesteps\), got -1"),
+        (dict(lr_horizon=64, lr_cooldown=1.5), r"--lr-cooldown must be in \[0, 1\], got 1.5"),
+        (dict(lr_cooldown=0.2), r"--lr-cooldown needs --lr-horizon > 0 \(the default schedule already ends at 0\)"),
         (dict(epsilon_eta=0.0), r"--epsilon-eta must be > 0"),
         (dict(epsilon_mu=-0.1), r"--epsilon-mu must be > 0"),
         (dict(epsilon_sigma=0.0), r"--epsilon-sigma must be > 0"),
@@ -928,6 +940,7 @@ OPTIONS = [
     dict(num_minibatches=1),
     dict(reward_scaling=True),
     dict(lr_horizon=64),
+    dict(lr_horizon=64, lr_cooldown=0.5),
     dict(temperature_solve=True),
     dict(decoupled_likelihood=True),
     dict(decoupled_likelihood=True, m_step="seed"),
