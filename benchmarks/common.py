@@ -122,6 +122,10 @@ BAR_RETURNS = {
     ("dm_control/walker/walk", 3_000_000): 808.3,
     ("dm_control/finger/spin", 3_000_000): 896.2,
 }
+# RPO (CleanRL's rpo_continuous_action.py, its defaults) measured here on the flagship task: the final deterministic
+# evaluation of each seed (benchmarks/results/reference.md). report.py marks them beside the defaults' curves.
+FLAGSHIP_ENV = "dm_control/walker/walk"
+RPO_FLAGSHIP = {1_000_000: (546.5, 539.9), 3_000_000: (808.3,)}
 # The two suites the aggregate is computed over: the short suite's five tasks with a bar, the long suite's two.
 AGGREGATE_SUITES = {
     "short": [k for k in BAR_RETURNS if k[1] <= 1_000_000],

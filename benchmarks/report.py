@@ -17,6 +17,10 @@ enters with the same number of seeds on every task: the first n seeds of each, n
 Then `table22` (issue 37), the same aggregate over `common.SUITE_22` at 1M steps with CleanRL's published RPO 8M
 return as the bar (`common.PUBLISHED_8M`), `<out>/profile_table22.png`, and per config the count of tasks whose mean
 final return over those seeds is at or above the published PPO 8M return (e.g. 13/22).
+
+Last, `<out>/flagship.png` when some script has `defaults` rows on the flagship task (`common.FLAGSHIP_ENV`): those
+configs' curves alone, one line per script and budget, with RPO's measured final evaluations (`common.RPO_FLAGSHIP`)
+as points, for the README.
 """
 
 from __future__ import annotations
@@ -241,6 +245,37 @@ def plot_env(env: str, groups: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def flagship_groups(groups: dict) -> dict:
+    """The flagship task's runs under each script's current defaults (tag `defaults`), every budget."""
+    return {k: v for k, v in groups.items() if k[0] == common.FLAGSHIP_ENV and k[2] == "defaults"}
+
+
+def plot_flagship(groups: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6), constrained_layout=True)
+    colors = {algo: f"C{i}" for i, algo in enumerate(sorted({k[1] for k in groups}))}  # one color per script
+    longest = max(k[3] for k in groups)
+    for (_, algo, _, budget), seeds in groups.items():
+        x, mean, lo, hi = seed_band(seeds, "step")
+        style = "-" if budget == longest else "--"
+        ax.plot(x, mean, style, color=colors[algo], label=f"{algo} defaults, {budget:,} steps ({len(seeds)} seeds)")
+        ax.fill_between(x, lo, hi, color=colors[algo], alpha=0.15, linewidth=0)
+    for i, (budget, finals) in enumerate(common.RPO_FLAGSHIP.items()):
+        label = "RPO (CleanRL), final evaluation of each seed at its budget" if i == 0 else None
+        ax.plot([budget] * len(finals), finals, "k*", markersize=10, label=label)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("eval return (mean, min–max over seeds)")
+    ax.set_title(f"{common.FLAGSHIP_ENV}: deterministic evaluation of the defaults")
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside lower center", ncols=2, fontsize="small")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csv", nargs="+", type=Path, help="results CSVs written by run.py")
@@ -263,6 +298,9 @@ def main() -> int:
         path = out / f"curves_{common.slug(env)}.png"
         plot_env(env, {k: v for k, v in groups.items() if k[0] == env}, path)
         print(f"wrote {path}")
+    if flagship := flagship_groups(groups):
+        plot_flagship(flagship, out / "flagship.png")
+        print(f"wrote {out / 'flagship.png'}")
     print(f"wrote {out / 'results.md'}")
     return 0
 

@@ -291,6 +291,32 @@ def test_report_table22_over_the_published_8m_figures(tmp_path):
     assert image.shape[1] >= 700 and image[..., :3].std() > 0.05
 
 
+def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path):
+    """flagship.png shows the walker/walk runs tagged `defaults` of each script at each budget, and nothing else."""
+    walker, lines = "dm_control/walker/walk", []
+    drawn = {("ppo_continuous", 1_000_000), ("vmpo_continuous", 1_000_000), ("vmpo_continuous", 3_000_000)}
+    for algo, budget in drawn:
+        for seed in (1, 2):
+            lines += run_lines(algo, "defaults", walker, seed, budget, 300.0 * seed)
+    lines += run_lines("vmpo_continuous", "lr 3e-4", walker, 1, 1_000_000, 100.0)  # another tag
+    lines += run_lines("ppo_continuous", "defaults", "dm_control/finger/spin", 1, 500_000, 100.0)  # another task
+    (tmp_path / "f.csv").write_text(RESULT_HEADER + "".join(lines))
+    proc = bench("report.py", tmp_path / "f.csv", "--out", tmp_path / "report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import sys
+
+    sys.path.insert(0, str(BENCH))
+    import common
+    import report
+
+    groups = report.flagship_groups(report.group_runs(common.read_results([tmp_path / "f.csv"])))
+    assert {(algo, budget) for _, algo, _, budget in groups} == drawn
+    import matplotlib.image
+
+    image = matplotlib.image.imread(tmp_path / "report" / "flagship.png")
+    assert image.shape[1] >= 700 and image[..., :3].std() > 0.05
+
+
 def test_report_on_runner_results(grid, tmp_path):
     out, _, _ = grid
     proc = bench("report.py", out, "--out", tmp_path)

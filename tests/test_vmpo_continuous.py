@@ -661,7 +661,7 @@ def test_lr_cooldown_takes_the_last_fraction_of_a_run_linearly_to_zero(tmp_path)
     lrs = [lr for _, lr in read_scalars(V.train(args)["run_dir"])["charts/learning_rate"]]
     hyperbola = [1.0, 1 / 2, 1 / 3, 1 / 4]  # H / (H + (k - 1) B) with H = B = 64
     ramp = [1.0, 1.0, 0.5 / 0.5, 0.25 / 0.5]
-    np.testing.assert_allclose(lrs, [V.Args.policy_lr * h * r for h, r in zip(hyperbola, ramp)], rtol=1e-6)
+    np.testing.assert_allclose(lrs, [V.Args.policy_lr * h * r for h, r in zip(hyperbola, ramp, strict=True)], rtol=1e-6)
 
 
 def test_resume_with_reward_scaling_continues_like_an_uninterrupted_run(tmp_path):
