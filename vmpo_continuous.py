@@ -867,9 +867,10 @@ def learning_rate_scale(iteration: int, num_iterations: int, batch_size: int, ho
     if horizon == 0:
         # LaTeX: \lambda_k = \lambda_0 \left(1 - \frac{k - 1}{K}\right)
         return 1.0 - (iteration - 1.0) / num_iterations
-    # LaTeX: \lambda_k = \lambda_0 \frac{H}{H + (k - 1) B} \min\left(1, \frac{1 - (k - 1) / K}{f}\right), \quad B = \text{num\_envs} \cdot \text{num\_steps}
+    # LaTeX: \lambda_k = \lambda_0 \frac{H}{H + (k - 1) B}, \quad B = \text{num\_envs} \cdot \text{num\_steps}
     scale = horizon / (horizon + (iteration - 1.0) * batch_size)
     if cooldown > 0:
+        # LaTeX: \lambda_k \leftarrow \lambda_k \min\left(1, \frac{1 - (k - 1) / K}{f}\right)
         scale *= min(1.0, (1.0 - (iteration - 1.0) / num_iterations) / cooldown)
     return scale
 
