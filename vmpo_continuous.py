@@ -7,7 +7,8 @@ bound epsilon_eta); the M-step fits the policy to the weighted samples under dec
 mean and covariance (bounds epsilon_mu, epsilon_sigma), and the value to its targets, in m_steps minibatch steps.
 
 Departures from the paper, each an option: `--m-step clip` (the default) bounds the pull toward the top-k samples and
-adds a bounded push off the bottom-k ones (`--m-step seed` is the paper's update); PPO's network; an annealed lr.
+adds a bounded push off the bottom-k ones (`--m-step seed` is the paper's update); PPO's network and reward scaling; a
+learning rate that decays with the steps trained, not with the budget (`--lr-horizon 0` anneals over the budget).
 
 Run:
     python vmpo_continuous.py --env-id dm_control/walker/walk --cuda
@@ -92,8 +93,9 @@ class Args:
     """learning rate of the value parameters"""
     anneal_lr: bool = True
     """anneal the policy and value learning rates (how: --lr-horizon)"""
-    lr_horizon: int = 0
-    """0: linearly to 0 over --total-timesteps; H > 0: as H / (H + step), the same at every budget"""
+    lr_horizon: int = 500_000
+    """H > 0: as H / (H + step), the same at every budget, so a longer run never takes larger steps; 0: linearly to 0
+    over --total-timesteps"""
     lr_cooldown: float = 0.0
     """with --lr-horizon: over this last fraction of the run the rates fall linearly to 0 (0: no cool-down)"""
     optimizer: Literal["adam", "sgd"] = "adam"
@@ -150,7 +152,7 @@ class Args:
     """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); rollout inference uses 1"""
     norm_obs: bool = True
     """normalize observations with running statistics shared by all training envs"""
-    reward_scaling: bool = False
+    reward_scaling: bool = True
     """divide rewards by the running std of each env's discounted return (PPO's reward scaling)"""
     max_episode_steps: int | None = None
     """override the env's time limit (e.g. short episodes for quick tests); None keeps the env's own"""
@@ -1228,7 +1230,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     require(args.lr_horizon >= 0, "lr_horizon", ">= 0 (0: anneal over --total-timesteps)")
     require(0 <= args.lr_cooldown <= 1, "lr_cooldown", "in [0, 1]")
     if args.lr_cooldown > 0 and args.lr_horizon == 0:
-        raise ConfigError("--lr-cooldown needs --lr-horizon > 0 (the default schedule already ends at 0)")
+        raise ConfigError("--lr-cooldown needs --lr-horizon > 0 (the linear schedule already ends at 0)")
     for name in ("num_envs", "num_steps", "m_steps", "num_minibatches", "eval_episodes"):
         require(getattr(args, name) >= 1, name, ">= 1")
     for name in ("torch_threads", "eval_interval"):

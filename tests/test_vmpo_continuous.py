@@ -707,12 +707,14 @@ def test_probe_is_learned(probe, m_step, tmp_path):
     env_id = f"Probe{probe}Continuous-v0"
     # The default network: its shared sigma starts near 0.6 and the clipped M-step keeps it wide for longer
     # (tanh(mean) sits above the best E[a] while it is wide), so the policy probes get the budget to settle.
-    # A constant lr: with a few dozen updates an annealed one stops the value fit short of its target.
+    # A constant lr: with a few dozen updates an annealed one stops the value fit short of its target. Reward scaling
+    # off: the probe table states values in raw reward units.
     steps = {1: 1200, 2: 1600, 3: 2400, 4: 8000, 5: 9600}[probe]
     args = V.Args(
         env_id=env_id,
         m_step=m_step,
         anneal_lr=False,
+        reward_scaling=False,
         total_timesteps=steps,
         num_envs=4,
         num_steps=40,
@@ -902,7 +904,10 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
         (dict(target_kl=0.0), r"--target-kl must be > 0 \(or left unset\), got 0.0"),
         (dict(lr_horizon=-1), r"--lr-horizon must be >= 0 \(0: anneal over --total-timesteps\), got -1"),
         (dict(lr_horizon=64, lr_cooldown=1.5), r"--lr-cooldown must be in \[0, 1\], got 1.5"),
-        (dict(lr_cooldown=0.2), r"--lr-cooldown needs --lr-horizon > 0 \(the default schedule already ends at 0\)"),
+        (
+            dict(lr_horizon=0, lr_cooldown=0.2),
+            r"--lr-cooldown needs --lr-horizon > 0 \(the linear schedule already ends at 0\)",
+        ),
         (dict(epsilon_eta=0.0), r"--epsilon-eta must be > 0"),
         (dict(epsilon_mu=-0.1), r"--epsilon-mu must be > 0"),
         (dict(epsilon_sigma=0.0), r"--epsilon-sigma must be > 0"),
@@ -938,7 +943,8 @@ OPTIONS = [
     dict(norm_obs=False),
     dict(anneal_lr=False),
     dict(num_minibatches=1),
-    dict(reward_scaling=True),
+    dict(reward_scaling=False),
+    dict(lr_horizon=0),
     dict(lr_horizon=64),
     dict(lr_horizon=64, lr_cooldown=0.5),
     dict(temperature_solve=True),
