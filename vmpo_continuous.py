@@ -1207,8 +1207,13 @@ RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_thr
 RUN_FIELDS += ["checkpoint", "eval_only", "resume"]
 
 
+# Settings that became defaults after checkpoints without them were written: those runs had them off.
+OFF_IN_OLDER_CHECKPOINTS = {"reward_scaling": False, "lr_horizon": 0}
+
+
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
     saved = {k: tuple(v) if isinstance(v, list) else v for k, v in ckpt["args"].items() if k not in RUN_FIELDS}
+    saved = OFF_IN_OLDER_CHECKPOINTS | saved
     return dataclasses.replace(args, **{k: v for k, v in saved.items() if k in Args.__dataclass_fields__})
 
 

@@ -682,6 +682,20 @@ def test_resume_with_reward_scaling_continues_like_an_uninterrupted_run(tmp_path
     assert a["optimizers"]["model"]["param_groups"][0]["lr"] == b["optimizers"]["model"]["param_groups"][0]["lr"]
 
 
+def test_a_checkpoint_older_than_the_reward_scaling_default_resumes_without_it(tmp_path):
+    """Checkpoints written before --reward-scaling and --lr-horizon existed lack both; those runs had neither, so a
+    resume must not switch on today's defaults."""
+    out = V.train(tiny_args(output_dir=str(tmp_path)))
+    ckpt = torch.load(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), weights_only=False)
+    assert ckpt["args"]["reward_scaling"] is True and ckpt["args"]["lr_horizon"] == 500_000  # today's defaults
+    resumed = V.args_with_checkpoint(V.Args(), ckpt)
+    assert resumed.reward_scaling is True and resumed.lr_horizon == 500_000
+    for key in ("reward_scaling", "lr_horizon"):
+        del ckpt["args"][key]
+    older = V.args_with_checkpoint(V.Args(), ckpt)
+    assert older.reward_scaling is False and older.lr_horizon == 0
+
+
 def test_advantage_normalization_ignores_reset_steps():
     adv = torch.tensor([1.0, 2.0, 3.0, 1000.0])
     restart = torch.tensor([1.0, 1.0, 1.0, 0.0])
