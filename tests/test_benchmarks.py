@@ -291,7 +291,7 @@ def test_report_table22_over_the_published_8m_figures(tmp_path):
     assert image.shape[1] >= 700 and image[..., :3].std() > 0.05
 
 
-def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path):
+def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path, monkeypatch):
     """flagship.png shows the walker/walk runs tagged `defaults` of each script at each budget, and nothing else."""
     walker, lines = "dm_control/walker/walk", []
     drawn = {("ppo_continuous", 1_000_000), ("vmpo_continuous", 1_000_000), ("vmpo_continuous", 3_000_000)}
@@ -303,9 +303,7 @@ def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path):
     (tmp_path / "f.csv").write_text(RESULT_HEADER + "".join(lines))
     proc = bench("report.py", tmp_path / "f.csv", "--out", tmp_path / "report")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    import sys
-
-    sys.path.insert(0, str(BENCH))
+    monkeypatch.syspath_prepend(str(BENCH))
     import common
     import report
 
