@@ -1,4 +1,4 @@
-"""V-MPO for continuous control with a tanh-squashed Gaussian policy, in one file.
+"""V-MPO for continuous control with a Gaussian policy, tanh-squashed or clipped by the env, in one file.
 
 V-MPO (Song et al., 2019, "V-MPO: On-Policy Maximum a Posteriori Policy Optimization for Discrete and Continuous
 Control", https://arxiv.org/abs/1909.12238) is an on-policy EM-style algorithm. Per rollout, the E-step weights the top
@@ -8,7 +8,9 @@ mean and covariance (bounds epsilon_mu, epsilon_sigma), and the value to its tar
 
 Departures from the paper, each an option: `--m-step clip` (the default) bounds the pull toward the top-k samples and
 adds a bounded push off the bottom-k ones (`--m-step seed` is the paper's update); PPO's network and reward scaling; a
-learning rate that decays with the steps trained, not with the budget (`--lr-horizon 0` anneals over the budget).
+learning rate that decays with the steps trained, not with the budget (`--lr-horizon 0` anneals over the budget); a
+Gaussian the env clips (`--policy-family clip`) beside the tanh-squashed one, with RPO's shift of the mean in the M-step
+(`--rpo-alpha`).
 
 Run:
     python vmpo_continuous.py --env-id dm_control/walker/walk --cuda
@@ -49,7 +51,7 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Args:
-    """V-MPO with a tanh-squashed Gaussian policy for continuous actions, in one file."""
+    """V-MPO with a Gaussian policy (tanh-squashed, or clipped by the env) for continuous actions, in one file."""
 
     exp_name: str = "vmpo_continuous"
     """the name of this experiment (part of the run name)"""
@@ -143,11 +145,15 @@ class Args:
     ppo_like_backbone: bool = True
     """orthogonal Linear+Tanh, a state-independent log-std; off: the paper's LayerNorm/ELU, a state-dependent log-std head"""
     log_std_min: float = -5.0
-    """lower clamp of the pre-tanh log standard deviation"""
+    """lower clamp of the pre-squash log standard deviation"""
     log_std_max: float = 2.0
-    """upper clamp of the pre-tanh log standard deviation"""
+    """upper clamp of the pre-squash log standard deviation"""
     init_log_std: float = 0.0
-    """initial pre-tanh log-std (0: std 1): the log-std parameter, or the log-std head's bias"""
+    """initial pre-squash log-std (0: std 1): the log-std parameter, or the log-std head's bias"""
+    policy_family: Literal["tanh", "clip"] = "tanh"
+    """tanh: a = b + s tanh(u); clip: a = clip(u, low, high), PPO's (both fit the Gaussian of the stored u)"""
+    rpo_alpha: float = 0.0
+    """RPO's shift: the M-step's likelihood under mean + U(-alpha, alpha), fresh per M-step (0: none)"""
     torch_threads: int = 0
     """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); rollout inference uses 1"""
     norm_obs: bool = True
@@ -206,6 +212,7 @@ class Agent(nn.Module):
         super().__init__()
         obs_dim, act_dim = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
         self.ppo_like, self.log_std_min, self.log_std_max = args.ppo_like_backbone, args.log_std_min, args.log_std_max
+        self.family = args.policy_family
         self.policy_encoder = make_encoder(obs_dim, args.policy_hidden_sizes, self.ppo_like)
         features = args.policy_hidden_sizes[-1] if args.policy_hidden_sizes else obs_dim
         self.policy_mean = layer_init(nn.Linear(features, act_dim), std=0.01, ppo_like=self.ppo_like)
@@ -221,6 +228,8 @@ class Agent(nn.Module):
         low, high = (torch.as_tensor(x, dtype=torch.float32) for x in (action_space.low, action_space.high))
         self.register_buffer("action_scale", (high - low) / 2.0)
         self.register_buffer("action_bias", (high + low) / 2.0)
+        self.register_buffer("action_low", low, persistent=False)  # the clip family's bounds; not saved in checkpoints
+        self.register_buffer("action_high", high, persistent=False)
         # Probabilists' Gauss-Hermite nodes and weights (summing to 1) for the mean action; not saved in checkpoints.
         nodes, weights = np.polynomial.hermite_e.hermegauss(GAUSS_HERMITE_NODES)
         self.register_buffer("hermite_nodes", torch.as_tensor(nodes, dtype=torch.float32), persistent=False)
@@ -246,20 +255,33 @@ class Agent(nn.Module):
         return self.value_head(features).squeeze(-1)
 
     def squash(self, u: torch.Tensor) -> torch.Tensor:
+        """The env action of a pre-squash sample u: the rollout stores u, the env gets a within its bounds."""
+        if self.family == "clip":
+            # LaTeX: a = \operatorname{clip}(u, a_{low}, a_{high})
+            return torch.maximum(torch.minimum(u, self.action_high), self.action_low)
         # LaTeX: a = b + s \odot \tanh(u), \quad s = \tfrac{1}{2}(a_{high} - a_{low}), \ b = \tfrac{1}{2}(a_{high} + a_{low})
         return self.action_bias + self.action_scale * torch.tanh(u)
 
-    def unsquash(self, actions: torch.Tensor) -> torch.Tensor:
-        """Pre-tanh u of stored env-scale actions; clamped so atanh stays finite at the bounds."""
-        return torch.atanh(((actions - self.action_bias) / self.action_scale).clamp(-1.0 + 1e-6, 1.0 - 1e-6))
-
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The evaluated action: the policy's mean action E[b + s tanh(u)], not b + s tanh(mean). With a std near 1,
-        tanh(mean) sits much nearer the bounds than the actions the sampled policy plays on average."""
+        """The evaluated action: the policy's mean action E[a], not a at the Gaussian's mean. With a std near 1 or
+        wider, tanh(mean) or clip(mean) sits much nearer the bounds than the actions the sampled policy plays on average."""
         mean, log_std = self.policy(obs)
+        if self.family == "clip":
+            return clipped_gaussian_mean(mean, log_std.exp(), self.action_low, self.action_high)
         u = mean.unsqueeze(-1) + log_std.exp().unsqueeze(-1) * self.hermite_nodes  # (..., act_dim, nodes)
         # LaTeX: \bar{a}_j = \mathbb{E}[a_j] = b_j + s_j \sum_{k=1}^{K} w_k \tanh(\mu_j + \sigma_j x_k), \quad (x_k, w_k) \text{: Gauss-Hermite}
         return self.action_bias + self.action_scale * (torch.tanh(u) * self.hermite_weights).sum(-1)
+
+
+def clipped_gaussian_mean(mean: torch.Tensor, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """E[clip(u, low, high)] of u ~ N(mean, std) per dimension, in closed form: the mass beyond each bound plays the
+    bound, the mass between them its truncated mean."""
+    normal = torch.distributions.Normal(0.0, 1.0)
+    alpha, beta = (low - mean) / std, (high - mean) / std
+    cdf_alpha, cdf_beta = normal.cdf(alpha), normal.cdf(beta)
+    pdf_alpha, pdf_beta = normal.log_prob(alpha).exp(), normal.log_prob(beta).exp()
+    # LaTeX: \mathbb{E}[\operatorname{clip}(u, l, h)] = l\,\Phi(\alpha) + h\,(1 - \Phi(\beta)) + \mu\,(\Phi(\beta) - \Phi(\alpha)) + \sigma\,(\varphi(\alpha) - \varphi(\beta)), \quad \alpha = \tfrac{l - \mu}{\sigma}, \ \beta = \tfrac{h - \mu}{\sigma}
+    return low * cdf_alpha + high * (1.0 - cdf_beta) + mean * (cdf_beta - cdf_alpha) + std * (pdf_alpha - pdf_beta)
 
 
 def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -335,7 +357,7 @@ class Rollout:
     step: it holds the real final observation (row t+1 is always s_{t+1}); its action is ignored and its weight is 0."""
 
     obs: torch.Tensor
-    actions: torch.Tensor  # env-scale a = b + s tanh(u)
+    u: torch.Tensor  # the pre-squash samples (the env got a = squash(u)): the M-step fits the Gaussian to them
     means: torch.Tensor  # the acting policy's pre-squash Gaussian
     log_stds: torch.Tensor
     rewards: torch.Tensor  # scaled with --reward-scaling
@@ -348,7 +370,7 @@ class Rollout:
     def empty(cls, num_steps: int, envs: gym.vector.VectorEnv, device: torch.device) -> Rollout:
         zeros = lambda *shape: torch.zeros((num_steps, envs.num_envs, *shape), device=device)  # noqa: E731
         act_dim = envs.single_action_space.shape[0]
-        per_action = {name: zeros(act_dim) for name in ("actions", "means", "log_stds")}
+        per_action = {name: zeros(act_dim) for name in ("u", "means", "log_stds")}
         per_step = {name: zeros() for name in ("rewards", "values", "terminated", "truncated", "resets")}
         return cls(obs=zeros(*envs.single_observation_space.shape), **per_action, **per_step)
 
@@ -368,9 +390,10 @@ def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.T
         buf.obs[step] = next_obs
         buf.resets[step] = torch.as_tensor(prev_done, dtype=torch.float32)  # 1 after an episode end: a reset step
         mean, log_std = agent.policy(next_obs)
-        action = agent.squash(mean + log_std.exp() * torch.randn_like(mean))  # u ~ N(mean, std), a = b + s tanh(u)
-        buf.actions[step], buf.means[step], buf.log_stds[step] = action, mean, log_std
-        raw_obs, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
+        # LaTeX: u_t \sim \mathcal{N}(\mu_\theta(s_t), \sigma_\theta(s_t))
+        u = mean + log_std.exp() * torch.randn_like(mean)
+        buf.u[step], buf.means[step], buf.log_stds[step] = u, mean, log_std
+        raw_obs, reward, terminated, truncated, infos = envs.step(agent.squash(u).cpu().numpy())
         obs_rms.update(raw_obs)
         next_obs = torch.as_tensor(obs_rms.normalize(raw_obs), device=next_obs.device)
         prev_done = terminated | truncated
@@ -510,6 +533,15 @@ def decoupled_log_prob(mean, log_std, old_mean, old_log_std, u: torch.Tensor) ->
     )
 
 
+def rpo_perturbation(mean: torch.Tensor, alpha: float) -> torch.Tensor:
+    """--rpo-alpha (Rahman & Xue, 2022, "Robust Policy Optimization"): the mean shifted by fresh uniform noise, so the
+    fit to the top k cannot pull the std in as tightly as around the mean itself; 0 returns the mean and draws nothing."""
+    if alpha == 0:
+        return mean
+    # LaTeX: \tilde{\mu}_\theta(s_t) = \mu_\theta(s_t) + z_t, \quad z_{t,j} \sim \mathcal{U}(-\alpha_{rpo}, \alpha_{rpo})
+    return mean + torch.empty_like(mean).uniform_(-alpha, alpha)
+
+
 def nll_loss(weights: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
     """--m-step seed, the paper's M-step: weighted maximum likelihood of the top-k samples."""
     # LaTeX: \mathcal{L}^{NLL}_\pi = -\sum_t \psi_t \log \pi_\theta(a_t \mid s_t)
@@ -541,7 +573,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     """One V-MPO iteration on a flat batch: E-step (one temperature step), then m_steps M-steps."""
     obs, old_means, old_log_stds, returns = batch["obs"], batch["means"], batch["log_stds"], batch["returns"]
     restarting = 1.0 - batch["resets"]  # the paper's restarting weights: 0 on reset steps, whose actions the env ignored
-    u = agent.unsquash(batch["actions"])
+    u = batch["u"]
     advantages = normalize_advantages(batch["advantages"], restarting) if args.norm_adv else batch["advantages"]
 
     # ---- E-step: weights with the current temperature, then one dual step on it (or the temperature solved first).
@@ -559,8 +591,10 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         # The mirror E-step (same temperature and k, negated advantages): exp(-s_t) on the bottom k; its dual loss unused.
         # LaTeX: \psi^-_t \propto \bar{w}^-_t e^{-s_t}, \quad \bar{w}^-_t = w^{restart}_t [t \in \mathrm{BottomK}(s, k)]
         push_weights = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)["weights"]
-    else:  # the paper's likelihood reads log pi(a|s), so the (parameter-free) squash Jacobian too
+    elif agent.family == "tanh":  # the paper's likelihood reads log pi(a|s), so the (parameter-free) squash Jacobian too
         log_det = squash_log_det(u, agent.action_scale)
+    else:  # PPO's practice for a clipped Gaussian: the density of the stored u (the clip's mass at a bound unmodelled)
+        log_det = torch.zeros_like(u[:, 0])
     old_log_prob = gaussian_log_prob(old_means, old_log_stds, u)
 
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
@@ -574,11 +608,13 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         start = step % args.num_minibatches * minibatch_size
         mb = order[start : start + minibatch_size]
         mean, log_std, values = agent(obs[mb])
+        # RPO's shift moves only the likelihood's mean: the KL bounds, the old log-density and acting see the policy's own.
+        shifted_mean = rpo_perturbation(mean, args.rpo_alpha)
         if args.decoupled_likelihood:
-            gaussian_lp = decoupled_log_prob(mean, log_std, old_means[mb], old_log_stds[mb], u[mb])
+            gaussian_lp = decoupled_log_prob(shifted_mean, log_std, old_means[mb], old_log_stds[mb], u[mb])
         else:
-            gaussian_lp = gaussian_log_prob(mean, log_std, u[mb])
-        # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): the squash Jacobian cancels, the pre-tanh Gaussians are enough.
+            gaussian_lp = gaussian_log_prob(shifted_mean, log_std, u[mb])
+        # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): the squash Jacobian cancels, the pre-squash Gaussians are enough.
         # LaTeX: \log \rho_t = \log \mathcal{N}_\theta(u_t) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old}), \quad \mathcal{N}_\theta(u_t) = \mathcal{N}(u_t|\mu_\theta, \sigma_\theta)
         log_ratio = gaussian_lp - old_log_prob[mb]
         # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
@@ -587,7 +623,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
             psi_minus = args.num_minibatches * push_weights[mb]
             likelihood_loss = clipped_likelihood_loss(psi, psi_minus, log_ratio, args.m_step_clip)
         else:
-            # The env action a = b + s tanh(u): a change of variables.
+            # The env action a = b + s tanh(u): a change of variables (log_det = 0 for --policy-family clip).
             # LaTeX: \log \pi_\theta(a_t|s_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log|\det \partial a/\partial u|
             log_prob = gaussian_lp - log_det[mb]
             likelihood_loss = nll_loss(psi, log_prob)
@@ -1093,7 +1129,7 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
-    """One episode per eval env with the deterministic action E[b + s tanh(u)], then one with sampled actions from the
+    """One episode per eval env with the deterministic action E[squash(u)], then one with sampled actions from the
     same starts, on the frozen normalizer; logs `eval/*` (the sampled return shows where the two policies part, the
     episodes below 100 a walker that never gets up) and returns the deterministic returns."""
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
@@ -1208,7 +1244,7 @@ RUN_FIELDS += ["checkpoint", "eval_only", "resume"]
 
 
 # Settings that became defaults after checkpoints without them were written: those runs had them off.
-OFF_IN_OLDER_CHECKPOINTS = {"reward_scaling": False, "lr_horizon": 0}
+OFF_IN_OLDER_CHECKPOINTS = {"reward_scaling": False, "lr_horizon": 0, "policy_family": "tanh", "rpo_alpha": 0.0}
 
 
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
@@ -1231,6 +1267,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     for name in (*positive, "temperature_lr", "alpha_lr", "max_grad_norm"):
         require(getattr(args, name) > 0, name, "> 0")
     require(args.ent_coef >= 0, "ent_coef", ">= 0")
+    require(args.rpo_alpha >= 0, "rpo_alpha", ">= 0 (0: no shift)")
     require(args.target_kl is None or args.target_kl > 0, "target_kl", "> 0 (or left unset)")
     require(args.lr_horizon >= 0, "lr_horizon", ">= 0 (0: anneal over --total-timesteps)")
     require(0 <= args.lr_cooldown <= 1, "lr_cooldown", "in [0, 1]")
@@ -1259,7 +1296,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
         use = ": use ppo_discrete.py" if isinstance(space, gym.spaces.Discrete) else ""
         raise ConfigError(f"{args.env_id} has a {type(space).__name__} action space; {SCRIPT}.py needs Box actions{use}")
     if not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
-        raise ConfigError(f"{args.env_id!r} has unbounded actions {space}; the tanh-squashed policy needs finite bounds")
+        raise ConfigError(f"{args.env_id!r} has unbounded actions {space}; the policy needs finite bounds")
     if args.capture_video:
         check_video(args.env_id, gl_backend)
     try:

@@ -95,6 +95,85 @@ def test_deterministic_action_is_the_policys_mean_action():
     assert math.tanh(1.0) - integrate.quad(lambda u: np.tanh(u) * stats.norm(1.0, 1.0).pdf(u), -11, 13)[0] > 0.2
 
 
+def test_clip_family_evaluates_at_the_mean_of_the_clipped_gaussian():
+    """--policy-family clip: the evaluated action E[clip(u, low, high)], u ~ N(mean, std), against scipy's adaptive
+    quadrature of the same integral plus the mass beyond each bound, one dimension at a time."""
+    from scipy import integrate, stats
+
+    low, high = np.array([-1.0, 0.0, -3.0]), np.array([1.0, 2.0, 1.0])
+    agent = V.Agent(obs_space(2), box(low, high), tiny_args(policy_family="clip"))
+    cases = [(0.0, 1.0), (0.7, 0.3), (3.4, 1.0), (-4.7, 0.6), (1.5, 2.5), (0.2, 0.05), (0.4, 4.6)]
+    for mean_u, std_u in cases:
+        mean, log_std = torch.full((1, 3), mean_u), torch.full((1, 3), math.log(std_u))
+        agent.policy = lambda obs, m=mean, ls=log_std: (m, ls)
+        ours = agent.deterministic_action(torch.zeros(1, 2))[0].double().numpy()
+        u = stats.norm(mean_u, std_u)
+        inside = [integrate.quad(lambda x, p=u.pdf: x * p(x), lo, hi)[0] for lo, hi in zip(low, high, strict=True)]
+        expected = low * u.cdf(low) + np.array(inside) + high * u.sf(high)
+        np.testing.assert_allclose(ours, expected, atol=1e-5)
+    # With the std of 4.6 the clip family reaches, the clipped mean plays a bound where the policy's mean action is
+    # near the centre: clip(0.4) = 0.4 in [-1, 1] against E[clip(u)] = 0.07.
+    assert abs(float(ours[0]) - 0.4) > 0.3
+
+
+def test_clip_family_stores_u_and_plays_it_clipped():
+    """The rollout keeps the pre-clip sample (the M-step's Gaussian is fitted to it), the env gets it clipped."""
+    low, high = np.array([-1.0, 0.0]), np.array([1.0, 2.0])
+    agent = V.Agent(obs_space(2), box(low, high), tiny_args(policy_family="clip"))
+    u = torch.tensor([[-3.0, 1.5], [0.5, -0.2], [1.2, 7.0]])
+    np.testing.assert_array_equal(agent.squash(u).numpy(), np.clip(u.numpy(), low, high))
+    args = tiny_args(policy_family="clip", init_log_std=1.0)  # std e: most samples land beyond [-1, 1]
+    envs = V.make_vector_env(args, args.num_envs, args.seed)
+    torch.manual_seed(0)
+    agent = V.Agent(envs.single_observation_space, envs.single_action_space, args)
+    buf = V.Rollout.empty(args.num_steps, envs, torch.device("cpu"))
+    obs_rms = V.RunningMeanStd(envs.single_observation_space.shape)
+    raw_obs, _ = envs.reset(seed=0)
+    V.collect_rollout(agent, envs, obs_rms, V.RewardScaler(2, 0.99, False), torch.as_tensor(obs_rms.normalize(raw_obs)), buf)
+    envs.close()
+    assert (buf.u.abs() > 1).float().mean() > 0.5 and buf.u.abs().max() > 3
+    # u is the acting Gaussian's sample: its z-scores are standard normal.
+    z = (buf.u - buf.means) / buf.log_stds.exp()
+    assert abs(float(z.mean())) < 0.1 and abs(float(z.std()) - 1.0) < 0.1
+
+
+def test_rpo_perturbation_shifts_the_mean_by_uniform_noise_and_alpha_0_draws_nothing():
+    """E_z[log N(u | mu + z, sigma)] with z ~ U(-a, a) per dimension is log N(u | mu, sigma) - sum_j a^2 / (6 sigma_j^2)
+    (the uniform's variance a^2 / 3 added to the squared error), estimated over many draws."""
+    torch.manual_seed(0)
+    mean, log_std, u = torch.randn(1, 3), torch.tensor([[-0.5, 0.0, 0.7]]), torch.randn(1, 3)
+    alpha = 0.5
+    shifted = V.rpo_perturbation(mean.expand(200_000, 3), alpha)
+    assert float((shifted - mean).abs().max()) <= alpha and float((shifted - mean).abs().max()) > 0.99 * alpha
+    expected = float(V.gaussian_log_prob(mean, log_std, u)) - float((alpha**2 / (6 * (2 * log_std).exp())).sum())
+    assert float(V.gaussian_log_prob(shifted, log_std, u).mean()) == pytest.approx(expected, abs=5e-3)
+    state = torch.get_rng_state()
+    assert V.rpo_perturbation(mean, 0.0) is mean and torch.equal(torch.get_rng_state(), state)
+
+
+def test_rpo_shift_moves_only_the_m_steps_likelihood():
+    """One M-step from the same state with and without --rpo-alpha: the KL terms, the E-step and the entropy see the
+    policy's own mean (equal), the likelihood its shifted one (the loss and the update differ)."""
+
+    def one_update(rpo_alpha: float):
+        torch.manual_seed(5)
+        args = tiny_args(m_steps=1, num_minibatches=1, rpo_alpha=rpo_alpha, policy_family="clip")
+        agent = V.Agent(obs_space(3), box([-1.0, -1.0], [1.0, 1.0]), args)
+        duals = V.DualVariables(args.temperature_init, args.alpha_init)
+        obs = torch.randn(128, 3)
+        with torch.no_grad():
+            mean, log_std, _ = agent(obs)
+        batch = {"obs": obs, "u": torch.randn(128, 2), "means": mean + 0.1, "log_stds": log_std - 0.1}
+        batch |= {"advantages": torch.randn(128), "returns": torch.randn(128), "resets": torch.zeros(128)}
+        stats = V.vmpo_update(agent, duals, V.build_optimizers(agent, duals, args), batch, args)
+        return stats, agent.policy_mean.weight.detach().clone()
+
+    (plain, w_plain), (shifted, w_shifted) = one_update(0.0), one_update(0.5)
+    for key in ("kl/mu", "kl/sigma", "losses/entropy", "vmpo/ess", "vmpo/temperature", "losses/value_loss"):
+        assert plain[key] == shifted[key], key
+    assert plain["losses/policy_loss"] != shifted["losses/policy_loss"] and not torch.equal(w_plain, w_shifted)
+
+
 def test_squashed_log_prob_matches_transformed_distribution():
     torch.manual_seed(0)
     low, high = torch.tensor([-1.0, 0.0, -3.0]), torch.tensor([1.0, 2.0, 1.0])
@@ -108,14 +187,12 @@ def test_squashed_log_prob_matches_transformed_distribution():
     actions = bias + scale * torch.tanh(u)
     ours = V.gaussian_log_prob(mean, log_std, u) - V.squash_log_det(u, scale)  # the update's log pi(a|s)
     torch.testing.assert_close(ours, reference.log_prob(actions), atol=1e-4, rtol=1e-4)
-
-    # Stored env-scale actions go back through the clamped atanh; exact bounds stay finite.
+    # The env action of the stored u is the same squash, and a u far past atanh's float32 reach (|u| > 9) keeps a finite
+    # log-density: the rollout stores u itself, never an env action to invert.
     agent = V.Agent(obs_space(2), box(low, high), tiny_args())
-    torch.testing.assert_close(agent.unsquash(actions), u, atol=2e-3, rtol=1e-3)
-    at_bounds = torch.stack([low, high])
-    u_bounds = agent.unsquash(at_bounds)
-    lp = V.gaussian_log_prob(mean[:2], log_std[:2], u_bounds) - V.squash_log_det(u_bounds, agent.action_scale)
-    assert torch.isfinite(lp).all()
+    torch.testing.assert_close(agent.squash(u), actions)
+    far = torch.tensor([[-12.0, 9.5, 30.0]])
+    assert torch.isfinite(V.gaussian_log_prob(mean[:1], log_std[:1], far) - V.squash_log_det(far, scale)).all()
 
 
 def test_gaussian_entropy_matches_torch():
@@ -304,7 +381,7 @@ def synthetic_update(mean_offset: float, log_std_offset: float, temperature_init
         mean, log_std, _ = agent(obs)
     batch = {
         "obs": obs,
-        "actions": torch.rand(256, 2) * 1.8 - 0.9,
+        "u": torch.randn(256, 2),
         "means": mean + mean_offset,
         "log_stds": log_std + log_std_offset,
         "advantages": torch.randn(256),
@@ -334,7 +411,7 @@ def test_entropy_bonus_subtracts_c_times_the_gaussian_entropy_and_widens_the_pol
         obs = torch.randn(128, 3)
         with torch.no_grad():
             mean, log_std, _ = agent(obs)
-        batch = {"obs": obs, "actions": torch.rand(128, 2) * 1.8 - 0.9, "means": mean, "log_stds": log_std}
+        batch = {"obs": obs, "u": torch.randn(128, 2), "means": mean, "log_stds": log_std}
         batch |= {"advantages": torch.randn(128), "returns": torch.randn(128), "resets": torch.zeros(128)}
         stats = V.vmpo_update(agent, duals, V.build_optimizers(agent, duals, args), batch, args)
         return stats["losses/policy_loss"], agent.policy_log_std.detach().clone()
@@ -401,7 +478,7 @@ def test_fused_adam_update_matches_the_reference_adam():
         obs = torch.randn(256, 3)
         with torch.no_grad():
             mean, log_std, _ = agent(obs)
-        batch = {"obs": obs, "actions": torch.rand(256, 2) * 1.8 - 0.9, "means": mean, "log_stds": log_std}
+        batch = {"obs": obs, "u": torch.randn(256, 2), "means": mean, "log_stds": log_std}
         batch |= {"advantages": torch.randn(256), "returns": torch.randn(256), "resets": torch.zeros(256)}
         params = [*agent.parameters(), *duals.parameters()]
         before = torch.cat([p.detach().flatten() for p in params])
@@ -456,11 +533,11 @@ def test_the_acting_copy_synced_after_an_update_collects_the_trained_agents_roll
     batch = buf.batch(advantages, buf.values, torch.device("cpu"))
     V.vmpo_update(agent, duals, V.build_optimizers(agent, duals, args), batch, args)
     trained, stale = rollout_of(agent), rollout_of(acting_agent)
-    assert not torch.equal(trained.actions, stale.actions)
+    assert not torch.equal(trained.u, stale.u)
     acting_agent.load_state_dict(agent.state_dict())
     synced = rollout_of(acting_agent)
     envs.close()
-    for field in ("obs", "actions", "means", "log_stds", "values", "rewards", "resets"):
+    for field in ("obs", "u", "means", "log_stds", "values", "rewards", "resets"):
         assert torch.equal(getattr(synced, field), getattr(trained, field)), field
 
 
@@ -490,7 +567,7 @@ def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_ste
         advantages = -((u - optimum) ** 2).sum(-1)
         batch = {
             "obs": obs,
-            "actions": agent.squash(u),
+            "u": u,
             "means": mean,
             "log_stds": log_std,
             "returns": advantages,
@@ -522,7 +599,7 @@ def test_minibatch_m_steps_see_every_sample_once_per_pass_with_weights_scaled_to
         mean, log_std, _ = agent(obs)
     u = mean + log_std.exp() * torch.randn_like(mean)
     advantages = torch.randn(n_samples)
-    batch = {"obs": obs, "actions": agent.squash(u), "means": mean, "log_stds": log_std, "returns": advantages}
+    batch = {"obs": obs, "u": u, "means": mean, "log_stds": log_std, "returns": advantages}
     batch.update(advantages=advantages, resets=torch.zeros(n_samples))
     seen, weight_sums = [], []
     forward, loss = agent.forward, V.clipped_likelihood_loss
@@ -683,17 +760,18 @@ def test_resume_with_reward_scaling_continues_like_an_uninterrupted_run(tmp_path
 
 
 def test_a_checkpoint_older_than_the_reward_scaling_default_resumes_without_it(tmp_path):
-    """Checkpoints written before --reward-scaling and --lr-horizon existed lack both; those runs had neither, so a
-    resume must not switch on today's defaults."""
+    """Checkpoints written before --reward-scaling, --lr-horizon, --policy-family and --rpo-alpha existed lack them;
+    those runs had a tanh policy and none of the others, so a resume must not switch on today's defaults."""
     out = V.train(tiny_args(output_dir=str(tmp_path)))
     ckpt = torch.load(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), weights_only=False)
     assert ckpt["args"]["reward_scaling"] is True and ckpt["args"]["lr_horizon"] == 500_000  # today's defaults
     resumed = V.args_with_checkpoint(V.Args(), ckpt)
     assert resumed.reward_scaling is True and resumed.lr_horizon == 500_000
-    for key in ("reward_scaling", "lr_horizon"):
+    for key in ("reward_scaling", "lr_horizon", "policy_family", "rpo_alpha"):
         del ckpt["args"][key]
-    older = V.args_with_checkpoint(V.Args(), ckpt)
+    older = V.args_with_checkpoint(V.Args(policy_family="clip", rpo_alpha=0.5), ckpt)
     assert older.reward_scaling is False and older.lr_horizon == 0
+    assert older.policy_family == "tanh" and older.rpo_alpha == 0.0
 
 
 def test_advantage_normalization_ignores_reset_steps():
@@ -711,10 +789,11 @@ def test_advantage_normalization_ignores_reset_steps():
 PROBE_GAMMA = 0.9
 
 
-@pytest.mark.parametrize("m_step", ["seed", "clip"])
+@pytest.mark.parametrize("m_step,family,rpo_alpha", [("seed", "tanh", 0.0), ("clip", "tanh", 0.0), ("clip", "clip", 0.5)])
 @pytest.mark.parametrize("probe", [1, 2, 3, 4, 5])
-def test_probe_is_learned(probe, m_step, tmp_path):
-    """The paper's M-step and the clipped departure both learn every continuous probe."""
+def test_probe_is_learned(probe, m_step, family, rpo_alpha, tmp_path):
+    """The paper's M-step and the clipped departure both learn every continuous probe, and so does the clipped
+    Gaussian with RPO's shift."""
     import probe_envs
 
     torch.set_num_threads(1)
@@ -727,6 +806,8 @@ def test_probe_is_learned(probe, m_step, tmp_path):
     args = V.Args(
         env_id=env_id,
         m_step=m_step,
+        policy_family=family,
+        rpo_alpha=rpo_alpha,
         anneal_lr=False,
         reward_scaling=False,
         total_timesteps=steps,
