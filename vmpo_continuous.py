@@ -1,4 +1,4 @@
-"""V-MPO for continuous control with a Gaussian policy, tanh-squashed or clipped by the env, in one file.
+"""V-MPO for continuous control with a Gaussian policy that the env clips (or tanh-squashed), in one file.
 
 V-MPO (Song et al., 2019, "V-MPO: On-Policy Maximum a Posteriori Policy Optimization for Discrete and Continuous
 Control", https://arxiv.org/abs/1909.12238) is an on-policy EM-style algorithm. Per rollout, the E-step weights the top
@@ -9,8 +9,8 @@ mean and covariance (bounds epsilon_mu, epsilon_sigma), and the value to its tar
 Departures from the paper, each an option: `--m-step clip` (the default) bounds the pull toward the top-k samples and
 adds a bounded push off the bottom-k ones (`--m-step seed` is the paper's update); PPO's network and reward scaling; a
 learning rate that decays with the steps trained, not with the budget (`--lr-horizon 0` anneals over the budget); a
-Gaussian the env clips (`--policy-family clip`) beside the tanh-squashed one, with RPO's shift of the mean in the M-step
-(`--rpo-alpha`).
+Gaussian whose samples the env gets clipped, as PPO's, with RPO's shift of its mean in the M-step's likelihood
+(`--policy-family tanh --rpo-alpha 0` is the tanh-squashed Gaussian without the shift).
 
 Run:
     python vmpo_continuous.py --env-id dm_control/walker/walk --cuda
@@ -51,7 +51,7 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Args:
-    """V-MPO with a Gaussian policy (tanh-squashed, or clipped by the env) for continuous actions, in one file."""
+    """V-MPO with a Gaussian policy (clipped by the env, or tanh-squashed) for continuous actions, in one file."""
 
     exp_name: str = "vmpo_continuous"
     """the name of this experiment (part of the run name)"""
@@ -150,9 +150,9 @@ class Args:
     """upper clamp of the pre-squash log standard deviation"""
     init_log_std: float = 0.0
     """initial pre-squash log-std (0: std 1): the log-std parameter, or the log-std head's bias"""
-    policy_family: Literal["tanh", "clip"] = "tanh"
+    policy_family: Literal["tanh", "clip"] = "clip"
     """tanh: a = b + s tanh(u); clip: a = clip(u, low, high), PPO's (both fit the Gaussian of the stored u)"""
-    rpo_alpha: float = 0.0
+    rpo_alpha: float = 0.5
     """RPO's shift: the M-step's likelihood under mean + U(-alpha, alpha), fresh per M-step (0: none)"""
     torch_threads: int = 0
     """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); rollout inference uses 1"""

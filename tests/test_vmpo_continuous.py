@@ -82,7 +82,7 @@ def test_deterministic_action_is_the_policys_mean_action():
     from scipy import integrate, stats
 
     low, high = np.array([-1.0, 0.0, -3.0]), np.array([1.0, 2.0, 1.0])
-    agent = V.Agent(obs_space(2), box(low, high), tiny_args())
+    agent = V.Agent(obs_space(2), box(low, high), tiny_args(policy_family="tanh"))
     cases = [(0.0, 1.0), (0.7, 0.3), (3.4, 1.0), (-4.7, 0.6), (1.5, 2.5), (0.2, 0.05)]
     for mean_u, std_u in cases:
         mean, log_std = torch.full((1, 3), mean_u), torch.full((1, 3), math.log(std_u))
@@ -189,7 +189,7 @@ def test_squashed_log_prob_matches_transformed_distribution():
     torch.testing.assert_close(ours, reference.log_prob(actions), atol=1e-4, rtol=1e-4)
     # The env action of the stored u is the same squash, and a u far past atanh's float32 reach (|u| > 9) keeps a finite
     # log-density: the rollout stores u itself, never an env action to invert.
-    agent = V.Agent(obs_space(2), box(low, high), tiny_args())
+    agent = V.Agent(obs_space(2), box(low, high), tiny_args(policy_family="tanh"))
     torch.testing.assert_close(agent.squash(u), actions)
     far = torch.tensor([[-12.0, 9.5, 30.0]])
     assert torch.isfinite(V.gaussian_log_prob(mean[:1], log_std[:1], far) - V.squash_log_det(far, scale)).all()
@@ -547,12 +547,15 @@ def test_temperature_follows_its_dual_gradient(temperature_init):
     assert grad != 0 and np.sign(after[0] - before[0]) == -np.sign(grad)
 
 
+@pytest.mark.parametrize("family", ["clip", "tanh"])
 @pytest.mark.parametrize("m_step,num_minibatches", [("seed", 1), ("clip", 1), ("clip", 8)])
-def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_step, num_minibatches):
+def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_step, num_minibatches, family):
     """E-step and M-step together: with advantages -(u - u*(s))^2 of a known per-state optimum,
-    a few on-policy updates with the default hyperparameters bring the Gaussian mean to u*(s)."""
+    a few on-policy updates with the default hyperparameters bring the Gaussian mean to u*(s); the tanh family
+    without RPO's shift."""
     torch.manual_seed(0)
-    args = V.Args(m_step=m_step, num_minibatches=num_minibatches)
+    rpo_alpha = V.Args.rpo_alpha if family == "clip" else 0.0
+    args = V.Args(m_step=m_step, num_minibatches=num_minibatches, policy_family=family, rpo_alpha=rpo_alpha)
     agent = V.Agent(obs_space(5), box([-1.0], [1.0]), args)
     duals = V.DualVariables(args.temperature_init, args.alpha_init)
     optimizers = V.build_optimizers(agent, duals, args)
@@ -578,8 +581,9 @@ def test_update_moves_the_policy_toward_the_optimum_of_a_contextual_bandit(m_ste
     with torch.no_grad():
         errors.append(float(((agent(obs)[0] - optimum) ** 2).mean()))
     assert errors[0] > 0.05 and errors[-1] < 0.2 * errors[0], errors
-    # Down at every update until the mean is within the sampling noise of 2048 samples at std ~1 (~0.005), then it stays.
-    floor = 0.01
+    # Down at every update until the mean is within the sampling noise of 2048 samples at std ~1 (~0.005), then it stays;
+    # RPO's shift fits each M-step's mean through U(-0.5, 0.5) noise (std 0.29), which widens that band.
+    floor = 0.02 if rpo_alpha > 0 else 0.01
     assert all(b < a or a < floor for a, b in zip(errors[:-1], errors[1:], strict=True)), errors
     reached = next((i for i, e in enumerate(errors) if e < floor), len(errors))
     assert all(e < floor for e in errors[reached:]), errors
