@@ -1050,6 +1050,9 @@ OPTIONS = [
     dict(decoupled_likelihood=True),
     dict(decoupled_likelihood=True, m_step="seed"),
     dict(target_kl=0.01),
+    dict(policy_family="tanh", rpo_alpha=0.0),
+    dict(policy_family="tanh", m_step="seed"),
+    dict(rpo_alpha=0.0),
 ]
 
 
