@@ -608,14 +608,15 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         start = step % args.num_minibatches * minibatch_size
         mb = order[start : start + minibatch_size]
         mean, log_std, values = agent(obs[mb])
-        # RPO's shift moves only the likelihood's mean: the KL bounds, the old log-density and acting see the policy's own.
+        # RPO's shift moves only the likelihood's mean (tilde mu = mu with --rpo-alpha 0): the KL bounds, the old
+        # log-density and acting see the policy's own.
         shifted_mean = rpo_perturbation(mean, args.rpo_alpha)
         if args.decoupled_likelihood:
             gaussian_lp = decoupled_log_prob(shifted_mean, log_std, old_means[mb], old_log_stds[mb], u[mb])
         else:
             gaussian_lp = gaussian_log_prob(shifted_mean, log_std, u[mb])
         # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): the squash Jacobian cancels, the pre-squash Gaussians are enough.
-        # LaTeX: \log \rho_t = \log \mathcal{N}_\theta(u_t) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old}), \quad \mathcal{N}_\theta(u_t) = \mathcal{N}(u_t|\mu_\theta, \sigma_\theta)
+        # LaTeX: \log \rho_t = \log \mathcal{N}_\theta(u_t) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old}), \quad \mathcal{N}_\theta(u_t) = \mathcal{N}(u_t|\tilde{\mu}_\theta, \sigma_\theta)
         log_ratio = gaussian_lp - old_log_prob[mb]
         # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
         psi = args.num_minibatches * weights[mb]

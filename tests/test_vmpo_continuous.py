@@ -1000,6 +1000,7 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
         (dict(topk_fraction=0.0), r"--topk-fraction must be in \(0, 1\], got 0.0"),
         (dict(topk_fraction=1.5), r"--topk-fraction must be in \(0, 1\], got 1.5"),
         (dict(ent_coef=-0.1), r"--ent-coef must be >= 0, got -0.1"),
+        (dict(rpo_alpha=-0.5), r"--rpo-alpha must be >= 0 \(0: no shift\), got -0.5"),
         (dict(target_kl=0.0), r"--target-kl must be > 0 \(or left unset\), got 0.0"),
         (dict(lr_horizon=-1), r"--lr-horizon must be >= 0 \(0: anneal over --total-timesteps\), got -1"),
         (dict(lr_horizon=64, lr_cooldown=1.5), r"--lr-cooldown must be in \[0, 1\], got 1.5"),
