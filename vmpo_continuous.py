@@ -258,7 +258,7 @@ class Agent(nn.Module):
         """The env action of a pre-squash sample u: the rollout stores u, the env gets a within its bounds."""
         if self.family == "clip":
             # LaTeX: a = \operatorname{clip}(u, a_{low}, a_{high})
-            return torch.maximum(torch.minimum(u, self.action_high), self.action_low)
+            return torch.clamp(u, self.action_low, self.action_high)
         # LaTeX: a = b + s \odot \tanh(u), \quad s = \tfrac{1}{2}(a_{high} - a_{low}), \ b = \tfrac{1}{2}(a_{high} + a_{low})
         return self.action_bias + self.action_scale * torch.tanh(u)
 
