@@ -152,6 +152,9 @@ class Args:
     """initial pre-squash log-std (0: std 1): the log-std parameter, or the log-std head's bias"""
     policy_family: Literal["tanh", "clip"] = "clip"
     """tanh: a = b + s tanh(u); clip: a = clip(u, low, high), PPO's (both fit the Gaussian of the stored u)"""
+    clipped_likelihood: bool = False
+    """with --policy-family clip, fit the played action clip(u): its density inside the bounds, its mass at a bound;
+    off: the density of the stored u, PPO's (a u past a bound then drags the mean past it)"""
     rpo_alpha: float = 0.5
     """RPO's shift: the M-step's likelihood under mean + U(-alpha, alpha), fresh per M-step (0: none)"""
     torch_threads: int = 0
@@ -287,6 +290,18 @@ def clipped_gaussian_mean(mean: torch.Tensor, std: torch.Tensor, low: torch.Tens
 def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     # LaTeX: \log\mathcal{N}(u|\mu,\sigma) = -\sum_j (\frac{(u_j-\mu_j)^2}{2\sigma_j^2} + \log\sigma_j + \frac{\log 2\pi}{2})
     return (-0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+def clipped_gaussian_log_prob(mean, log_std, u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """--clipped-likelihood: the log-probability of the played action a = clip(u, low, high) under u ~ N(mean, std),
+    summed over dimensions: the Gaussian's density between the bounds, the mass beyond a bound where a sits on it.
+    Every u past a bound plays the same action and gets the same value here: the fit can push mass to a bound, not
+    drag the mean after a far sample (the pull fades as the mass at the bound nears 1)."""
+    std = log_std.exp()
+    inside = -0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+    # LaTeX: \log p(a_j) = \begin{cases} \log\Phi\big(\tfrac{l_j - \mu_j}{\sigma_j}\big) & u_j \le l_j \\ \log\mathcal{N}(u_j|\mu_j,\sigma_j) & l_j < u_j < h_j \\ \log\Phi\big(\tfrac{\mu_j - h_j}{\sigma_j}\big) & u_j \ge h_j \end{cases}
+    at_low, at_high = torch.special.log_ndtr((low - mean) / std), torch.special.log_ndtr((mean - high) / std)
+    return torch.where(u <= low, at_low, torch.where(u >= high, at_high, inside)).sum(-1)
 
 
 def squash_log_det(u: torch.Tensor, action_scale: torch.Tensor) -> torch.Tensor:
@@ -520,17 +535,15 @@ def decoupled_kl(mean, log_std, old_mean, old_log_std) -> tuple[torch.Tensor, to
     return kl_mu, kl_sigma
 
 
-def decoupled_log_prob(mean, log_std, old_mean, old_log_std, u: torch.Tensor) -> torch.Tensor:
+def decoupled_log_prob(mean, log_std, old_mean, old_log_std, u: torch.Tensor, log_density=None) -> torch.Tensor:
     """--decoupled-likelihood: the mean fitted under the old std, the std around the old mean. The top k of
     N(mu_old, sigma_old) sit closer to their own mean than sigma_old (a half-Gaussian's spread), so a std fitted around
     the new mean shrinks every iteration even where the advantage is linear; around the old mean it keeps their spread.
-    Equal to the joint log-density at the old parameters, and with the same gradient as each factor alone."""
+    Equal to the joint log-density at the old parameters, and with the same gradient as each factor alone.
+    `log_density(mean, log_std, u)` is the density fitted (default: the Gaussian's)."""
+    log_density = log_density or gaussian_log_prob
     # LaTeX: \log \mathcal{N}_\theta(u_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_{old}) + \log \mathcal{N}(u_t|\mu_{old}, \sigma_\theta) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old})
-    return (
-        gaussian_log_prob(mean, old_log_std, u)
-        + gaussian_log_prob(old_mean, log_std, u)
-        - gaussian_log_prob(old_mean, old_log_std, u)
-    )
+    return log_density(mean, old_log_std, u) + log_density(old_mean, log_std, u) - log_density(old_mean, old_log_std, u)
 
 
 def rpo_perturbation(mean: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -593,9 +606,14 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         push_weights = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)["weights"]
     elif agent.family == "tanh":  # the paper's likelihood reads log pi(a|s), so the (parameter-free) squash Jacobian too
         log_det = squash_log_det(u, agent.action_scale)
-    else:  # PPO's practice for a clipped Gaussian: the density of the stored u (the clip's mass at a bound unmodelled)
+    else:  # the clip family's log-probability below is already the played action's (or, unclipped, u's: PPO's practice)
         log_det = torch.zeros_like(u[:, 0])
-    old_log_prob = gaussian_log_prob(old_means, old_log_stds, u)
+    # The density the M-step fits: of the stored u, or (--clipped-likelihood) of the action the env played.
+    if agent.family == "clip" and args.clipped_likelihood:
+        log_density = partial(clipped_gaussian_log_prob, low=agent.action_low, high=agent.action_high)
+    else:
+        log_density = gaussian_log_prob
+    old_log_prob = log_density(old_means, old_log_stds, u)
 
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
     minibatch_size = len(obs) // args.num_minibatches
@@ -612,12 +630,12 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         # log-density and acting see the policy's own.
         shifted_mean = rpo_perturbation(mean, args.rpo_alpha)
         if args.decoupled_likelihood:
-            gaussian_lp = decoupled_log_prob(shifted_mean, log_std, old_means[mb], old_log_stds[mb], u[mb])
+            new_log_prob = decoupled_log_prob(shifted_mean, log_std, old_means[mb], old_log_stds[mb], u[mb], log_density)
         else:
-            gaussian_lp = gaussian_log_prob(shifted_mean, log_std, u[mb])
+            new_log_prob = log_density(shifted_mean, log_std, u[mb])
         # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): the squash Jacobian cancels, the pre-squash Gaussians are enough.
         # LaTeX: \log \rho_t = \log \mathcal{N}_\theta(u_t) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old}), \quad \mathcal{N}_\theta(u_t) = \mathcal{N}(u_t|\tilde{\mu}_\theta, \sigma_\theta)
-        log_ratio = gaussian_lp - old_log_prob[mb]
+        log_ratio = new_log_prob - old_log_prob[mb]
         # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
         psi = args.num_minibatches * weights[mb]
         if args.m_step == "clip":
@@ -626,7 +644,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         else:
             # The env action a = b + s tanh(u): a change of variables (log_det = 0 for --policy-family clip).
             # LaTeX: \log \pi_\theta(a_t|s_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log|\det \partial a/\partial u|
-            log_prob = gaussian_lp - log_det[mb]
+            log_prob = new_log_prob - log_det[mb]
             likelihood_loss = nll_loss(psi, log_prob)
         kl_mu_t, kl_sigma_t = decoupled_kl(mean, log_std, old_means[mb], old_log_stds[mb])
         # LaTeX: (D_\mu, D_\sigma) = \frac{1}{N_{sel}} \sum_{t \in \mathcal{S}} \big(D_\mu(s_t), D_\sigma(s_t)\big)

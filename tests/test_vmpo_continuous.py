@@ -137,6 +137,55 @@ def test_clip_family_stores_u_and_plays_it_clipped():
     assert abs(float(z.mean())) < 0.1 and abs(float(z.std()) - 1.0) < 0.1
 
 
+def test_clipped_gaussian_log_prob_is_the_played_actions_probability():
+    """--clipped-likelihood's log p(clip(u)) against scipy, per dimension: log Phi at the low bound, the log-density
+    between the bounds, log(1 - Phi) at the high bound; and a distribution: the density integrated between the bounds
+    plus the two masses is 1."""
+    from scipy import integrate, stats
+
+    low, high = torch.tensor([-1.0, 0.0, -2.0]), torch.tensor([1.0, 2.0, 0.5])
+    mean, log_std = torch.tensor([[0.3, 2.5, -1.0]]), torch.tensor([[-0.2, 0.4, 0.0]])
+    u = torch.tensor([[-1.7, 1.2, 0.9], [0.2, -0.3, -2.0], [5.0, 2.0, -1.3]])
+    ours = V.clipped_gaussian_log_prob(mean, log_std, u, low, high)
+    m, s, lo, hi = mean.numpy()[0], log_std.exp().numpy()[0], low.numpy(), high.numpy()
+    per_dim = np.where(
+        u.numpy() <= lo,
+        stats.norm.logcdf(lo, m, s),
+        np.where(u.numpy() >= hi, stats.norm.logsf(hi, m, s), stats.norm.logpdf(u.numpy(), m, s)),
+    )
+    np.testing.assert_allclose(ours.numpy(), per_dim.sum(-1), rtol=1e-5)
+
+    def density(x: float, j: int) -> float:  # p(a_j = x) of dimension j alone
+        d = slice(j, j + 1)
+        return math.exp(float(V.clipped_gaussian_log_prob(mean[:, d], log_std[:, d], torch.tensor([[x]]), low[d], high[d])))
+
+    for j in range(3):
+        inside, _ = integrate.quad(density, lo[j], hi[j], args=(j,))
+        assert inside + density(lo[j] - 1.0, j) + density(hi[j] + 1.0, j) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_clipped_likelihood_fits_the_played_action_not_the_sample_beyond_the_bound():
+    """One M-step on two batches whose u differ only beyond the bounds (the env played the same actions): with
+    --clipped-likelihood the updates are equal to the bit; fitting u's density (PPO's practice) they differ."""
+
+    def one_update(clipped: bool, far: float):
+        torch.manual_seed(5)
+        args = tiny_args(m_steps=1, num_minibatches=1, policy_family="clip", clipped_likelihood=clipped)
+        agent = V.Agent(obs_space(3), box([-1.0, -1.0], [1.0, 1.0]), args)
+        duals = V.DualVariables(args.temperature_init, args.alpha_init)
+        obs, u = torch.randn(128, 3), torch.randn(128, 2)
+        u[:32, 0] = far  # past the high bound: the env played 1.0 either way
+        with torch.no_grad():
+            mean, log_std, _ = agent(obs)
+        batch = {"obs": obs, "u": u, "means": mean + 0.1, "log_stds": log_std - 0.1}
+        batch |= {"advantages": torch.randn(128), "returns": torch.randn(128), "resets": torch.zeros(128)}
+        V.vmpo_update(agent, duals, V.build_optimizers(agent, duals, args), batch, args)
+        return agent.policy_mean.weight.detach().clone()
+
+    assert torch.equal(one_update(True, 1.5), one_update(True, 4.0))
+    assert not torch.equal(one_update(False, 1.5), one_update(False, 4.0))
+
+
 def test_rpo_perturbation_shifts_the_mean_by_uniform_noise_and_alpha_0_draws_nothing():
     """E_z[log N(u | mu + z, sigma)] with z ~ U(-a, a) per dimension is log N(u | mu, sigma) - sum_j a^2 / (6 sigma_j^2)
     (the uniform's variance a^2 / 3 added to the squared error), estimated over many draws."""
@@ -1054,6 +1103,8 @@ OPTIONS = [
     dict(policy_family="tanh", rpo_alpha=0.0),
     dict(policy_family="tanh", m_step="seed"),
     dict(rpo_alpha=0.0),
+    dict(clipped_likelihood=True),
+    dict(clipped_likelihood=True, decoupled_likelihood=True, m_step="seed"),
 ]
 
 
