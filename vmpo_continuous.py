@@ -10,7 +10,8 @@ Departures from the paper, each an option: `--m-step clip` (the default) bounds 
 adds a bounded push off the bottom-k ones (`--m-step seed` is the paper's update); PPO's network and reward scaling; a
 learning rate that decays with the steps trained, not with the budget (`--lr-horizon 0` anneals over the budget); a
 Gaussian whose samples the env gets clipped, as PPO's, with RPO's shift of its mean in the M-step's likelihood
-(`--policy-family tanh --rpo-alpha 0` is the tanh-squashed Gaussian without the shift).
+(`--policy-family tanh --rpo-alpha 0` is the tanh-squashed Gaussian without the shift); the M-step fits the probability
+of the action the env played, the clipped Gaussian's (`--no-clipped-likelihood` fits the sample's density, as PPO).
 
 Run:
     python vmpo_continuous.py --env-id dm_control/walker/walk --cuda
@@ -151,10 +152,10 @@ class Args:
     init_log_std: float = 0.0
     """initial pre-squash log-std (0: std 1): the log-std parameter, or the log-std head's bias"""
     policy_family: Literal["tanh", "clip"] = "clip"
-    """tanh: a = b + s tanh(u); clip: a = clip(u, low, high), PPO's (both fit the Gaussian of the stored u)"""
-    clipped_likelihood: bool = False
+    """tanh: a = b + s tanh(u); clip: a = clip(u, low, high), PPO's (the rollout stores u for both)"""
+    clipped_likelihood: bool = True
     """with --policy-family clip, fit the played action clip(u): its density inside the bounds, its mass at a bound;
-    off: the density of the stored u, PPO's (a u past a bound then drags the mean past it)"""
+    off: the density of the stored u, PPO's (a u past a bound then drags the mean and the std past it)"""
     rpo_alpha: float = 0.5
     """RPO's shift: the M-step's likelihood under mean + U(-alpha, alpha), fresh per M-step (0: none)"""
     torch_threads: int = 0
@@ -633,7 +634,8 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
             new_log_prob = decoupled_log_prob(shifted_mean, log_std, old_means[mb], old_log_stds[mb], u[mb], log_density)
         else:
             new_log_prob = log_density(shifted_mean, log_std, u[mb])
-        # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): the squash Jacobian cancels, the pre-squash Gaussians are enough.
+        # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): tanh's Jacobian cancels (its Gaussians over u are enough); the
+        # clip family's log_density is already the played action's.
         # LaTeX: \log \rho_t = \log \mathcal{N}_\theta(u_t) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old}), \quad \mathcal{N}_\theta(u_t) = \mathcal{N}(u_t|\tilde{\mu}_\theta, \sigma_\theta)
         log_ratio = new_log_prob - old_log_prob[mb]
         # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
@@ -1263,7 +1265,13 @@ RUN_FIELDS += ["checkpoint", "eval_only", "resume"]
 
 
 # Settings that became defaults after checkpoints without them were written: those runs had them off.
-OFF_IN_OLDER_CHECKPOINTS = {"reward_scaling": False, "lr_horizon": 0, "policy_family": "tanh", "rpo_alpha": 0.0}
+OFF_IN_OLDER_CHECKPOINTS = {
+    "reward_scaling": False,
+    "lr_horizon": 0,
+    "policy_family": "tanh",
+    "rpo_alpha": 0.0,
+    "clipped_likelihood": False,
+}
 
 
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
