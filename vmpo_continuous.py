@@ -288,9 +288,15 @@ def clipped_gaussian_mean(mean: torch.Tensor, std: torch.Tensor, low: torch.Tens
     return low * cdf_alpha + high * (1.0 - cdf_beta) + mean * (cdf_beta - cdf_alpha) + std * (pdf_alpha - pdf_beta)
 
 
+def gaussian_log_density(mean: torch.Tensor, log_std: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """log N(u_j | mu_j, sigma_j) of each action dimension j, not summed."""
+    # LaTeX: \log\mathcal{N}(u_j|\mu_j,\sigma_j) = -\frac{(u_j-\mu_j)^2}{2\sigma_j^2} - \log\sigma_j - \frac{\log 2\pi}{2}
+    return -0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+
+
 def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    # LaTeX: \log\mathcal{N}(u|\mu,\sigma) = -\sum_j (\frac{(u_j-\mu_j)^2}{2\sigma_j^2} + \log\sigma_j + \frac{\log 2\pi}{2})
-    return (-0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    # LaTeX: \log\mathcal{N}(u|\mu,\sigma) = \sum_j \log\mathcal{N}(u_j|\mu_j,\sigma_j)
+    return gaussian_log_density(mean, log_std, u).sum(-1)
 
 
 def clipped_gaussian_log_prob(mean, log_std, u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
@@ -298,8 +304,7 @@ def clipped_gaussian_log_prob(mean, log_std, u: torch.Tensor, low: torch.Tensor,
     summed over dimensions: the Gaussian's density between the bounds, the mass beyond a bound where a sits on it.
     Every u past a bound plays the same action and gets the same value here: the fit can push mass to a bound, not
     drag the mean after a far sample (the pull fades as the mass at the bound nears 1)."""
-    std = log_std.exp()
-    inside = -0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+    std, inside = log_std.exp(), gaussian_log_density(mean, log_std, u)
     # LaTeX: \log p(a_j) = \begin{cases} \log\Phi\big(\tfrac{l_j - \mu_j}{\sigma_j}\big) & u_j \le l_j \\ \log\mathcal{N}(u_j|\mu_j,\sigma_j) & l_j < u_j < h_j \\ \log\Phi\big(\tfrac{\mu_j - h_j}{\sigma_j}\big) & u_j \ge h_j \end{cases}
     at_low, at_high = torch.special.log_ndtr((low - mean) / std), torch.special.log_ndtr((mean - high) / std)
     return torch.where(u <= low, at_low, torch.where(u >= high, at_high, inside)).sum(-1)
