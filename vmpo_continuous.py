@@ -641,7 +641,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
             new_log_prob = log_density(shifted_mean, log_std, u[mb])
         # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): tanh's Jacobian cancels (its Gaussians over u are enough); the
         # clip family's log_density is already the played action's.
-        # LaTeX: \log \rho_t = \log \mathcal{N}_\theta(u_t) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old}), \quad \mathcal{N}_\theta(u_t) = \mathcal{N}(u_t|\tilde{\mu}_\theta, \sigma_\theta)
+        # LaTeX: \log \rho_t = \log p_\theta(u_t) - \log p_{old}(u_t), \quad p_\theta = \mathcal{N}(\cdot|\tilde{\mu}_\theta, \sigma_\theta) \text{ (tanh) or the clipped Gaussian's } p(\operatorname{clip}(u_t)) \text{ (clip)}
         log_ratio = new_log_prob - old_log_prob[mb]
         # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
         psi = args.num_minibatches * weights[mb]
