@@ -79,10 +79,6 @@ class Args:
     """learning rate of the optimizer (annealed linearly to 0 with --anneal-lr)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
-    optimizer: Literal["adam", "sgd"] = "adam"
-    """optimizer: adam (eps 1e-5), or sgd (with --sgd-momentum) to compare with trainers that used plain SGD"""
-    sgd_momentum: float = 0.9
-    """momentum of the `sgd` optimizer"""
     num_minibatches: int = 8
     """number of minibatches the batch is split into per epoch"""
     update_epochs: int = 10
@@ -395,8 +391,6 @@ def rpo_perturbation(mean: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def make_optimizer(agent: Agent, args: Args) -> torch.optim.Optimizer:
-    if args.optimizer == "sgd":
-        return torch.optim.SGD(agent.parameters(), lr=args.learning_rate, momentum=args.sgd_momentum, foreach=True)
     # The fused kernel runs all parameter updates in one call: cheap for small minibatches on CPU.
     return torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
@@ -557,13 +551,9 @@ def train(args: Args) -> dict:
             run.close()
         mean, std = float(eval_returns.mean()), float(eval_returns.std())
         print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
-        summary = {
-            "run_dir": run.run_dir,
-            "global_step": run.global_step,
-            "train_sps": 0.0,
-            "wall_time": time.time() - start_time,
-        }
-        return summary | {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
+        summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0}
+        final = {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
+        return summary | final | {"wall_time": time.time() - start_time}
     args, agent, optimizer, writer = run.args, run.agent, run.optimizer, run.writer
     batch_size = args.num_envs * args.num_steps
     # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
@@ -929,28 +919,17 @@ def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> 
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
     if saved_on != device.type:
-        print(
-            f"note: {path} was written on {saved_on} and resumes on {device.type}: the same state, but the two devices "
-            "round floating point differently, so the run will not repeat an uninterrupted one bit for bit"
-        )
+        note = f"note: {path} was written on {saved_on} and resumes on {device.type}: the same state, but the two devices"
+        print(f"{note} round floating point differently, so the run will not repeat an uninterrupted one bit for bit")
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
     """`<script>_<kind>.pt` with the run's state at `run.global_step`; atomic: a temporary file renamed over it."""
     path = run.path(kind)
-    ckpt = {
-        "algo": SCRIPT,
-        "args": dataclasses.asdict(run.args),
-        "rng": rng_state(run.device),
-        "device": run.device.type,
-        "eval_return": run.last_eval,
-        "global_step": run.global_step,
-        "iteration": run.iteration,
-        "agent": run.agent.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "obs_rms": run.obs_rms.state_dict(),
-        "reward_rms": run.reward_scaler.rms.state_dict(),
-    }
+    ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "rng": rng_state(run.device), "device": run.device.type}
+    ckpt |= {"eval_return": run.last_eval, "global_step": run.global_step, "iteration": run.iteration}
+    ckpt |= {"agent": run.agent.state_dict(), "optimizer": run.optimizer.state_dict(), "obs_rms": run.obs_rms.state_dict()}
+    ckpt["reward_rms"] = run.reward_scaler.rms.state_dict()
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 
@@ -967,6 +946,10 @@ def load_checkpoint(path: str, flag: str) -> dict:
     if algo != SCRIPT:
         written_by = f"{algo}.py" if isinstance(algo, str) else "something else"
         raise ConfigError(f"{flag} {path!r} was written by {written_by}, not {SCRIPT}.py; load it with that script")
+    changed = sorted(set(ckpt["args"]) ^ {field.name for field in dataclasses.fields(Args)})
+    if changed:  # a version with other options: no silent default stands in for a setting the run had, or lacked
+        options = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
+        raise ConfigError(f"{flag} {path!r} was written by a {SCRIPT}.py with other options ({options}; see CHANGELOG.md)")
     return ckpt
 
 
@@ -978,7 +961,7 @@ RUN_FIELDS += ["checkpoint", "eval_only", "resume"]
 
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
     saved = {k: tuple(v) if isinstance(v, list) else v for k, v in ckpt["args"].items() if k not in RUN_FIELDS}
-    return dataclasses.replace(args, **{k: v for k, v in saved.items() if k in Args.__dataclass_fields__})
+    return dataclasses.replace(args, **saved)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1001,7 +984,6 @@ def check_args(args: Args, gl_backend: str | None) -> None:
         require(getattr(args, name) >= 0, name, ">= 0 (0: the default)")
     for name in ("gamma", "gae_lambda"):
         require(0.0 <= getattr(args, name) <= 1.0, name, "in [0, 1]")
-    require(0.0 <= args.sgd_momentum < 1.0, "sgd_momentum", "in [0, 1)")
     require(args.target_kl is None or args.target_kl > 0, "target_kl", "> 0 (or left unset)")
     require(args.max_episode_steps is None or args.max_episode_steps >= 1, "max_episode_steps", ">= 1")
     sizes = args.policy_hidden_sizes + args.value_hidden_sizes

@@ -210,16 +210,9 @@ class Rollout:
         def zeros(dtype=np.float32, shape=()) -> np.ndarray:
             return np.zeros((num_steps, envs.num_envs, *shape), dtype)
 
-        return cls(
-            obs=zeros(shape=envs.single_observation_space.shape),
-            actions=zeros(np.int64),
-            logprobs=zeros(),
-            values=zeros(),
-            next_values=zeros(),
-            rewards=zeros(),
-            terminated=zeros(bool),
-            truncated=zeros(bool),
-        )
+        per_step = {name: zeros() for name in ("logprobs", "values", "next_values", "rewards")}
+        ends = {name: zeros(bool) for name in ("terminated", "truncated")}
+        return cls(obs=zeros(shape=envs.single_observation_space.shape), actions=zeros(np.int64), **per_step, **ends)
 
 
 def as_tensor(obs: np.ndarray, obs_rms: RunningMeanStd, device: torch.device) -> torch.Tensor:
@@ -673,18 +666,9 @@ def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> 
 def save_checkpoint(run: Run, kind: str) -> None:
     """``<script>_<kind>.pt`` with the run's state at ``run.global_step``; atomic: a temporary file renamed over it."""
     path = run.path(kind)
-    ckpt = {
-        "algo": SCRIPT,
-        "args": dataclasses.asdict(run.args),
-        "rng": rng_state(run.device),
-        "device": run.device.type,
-        "eval_return": run.last_eval,
-        "global_step": run.global_step,
-        "iteration": run.iteration,
-        "agent": run.agent.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "obs_rms": run.obs_rms.state_dict(),
-    }
+    ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "rng": rng_state(run.device), "device": run.device.type}
+    ckpt |= {"eval_return": run.last_eval, "global_step": run.global_step, "iteration": run.iteration}
+    ckpt |= {"agent": run.agent.state_dict(), "optimizer": run.optimizer.state_dict(), "obs_rms": run.obs_rms.state_dict()}
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 
@@ -701,6 +685,10 @@ def load_checkpoint(path: str, flag: str) -> dict:
     if algo != SCRIPT:
         written_by = f"{algo}.py" if isinstance(algo, str) else "something else"
         raise ConfigError(f"{flag} {path!r} was written by {written_by}, not {SCRIPT}.py; load it with that script")
+    changed = sorted(set(ckpt["args"]) ^ {field.name for field in dataclasses.fields(Args)})
+    if changed:  # a version with other options: no silent default stands in for a setting the run had, or lacked
+        options = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
+        raise ConfigError(f"{flag} {path!r} was written by a {SCRIPT}.py with other options ({options}; see CHANGELOG.md)")
     return ckpt
 
 
@@ -711,7 +699,7 @@ RUN_FIELDS += ["eval_interval", "eval_episodes", "checkpoint", "eval_only", "res
 
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
     saved = {k: tuple(v) if isinstance(v, list) else v for k, v in ckpt["args"].items() if k not in RUN_FIELDS}
-    return dataclasses.replace(args, **{k: v for k, v in saved.items() if k in Args.__dataclass_fields__})
+    return dataclasses.replace(args, **saved)
 
 
 # ---------------------------------------------------------------------------------------

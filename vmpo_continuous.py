@@ -1,4 +1,4 @@
-"""V-MPO for continuous control with a Gaussian policy that the env clips (or tanh-squashed), in one file.
+"""V-MPO for continuous control with a Gaussian policy that the env clips, in one file.
 
 V-MPO (Song et al., 2019, "V-MPO: On-Policy Maximum a Posteriori Policy Optimization for Discrete and Continuous
 Control", https://arxiv.org/abs/1909.12238) is an on-policy EM-style algorithm. Per rollout, the E-step weights the top
@@ -6,12 +6,10 @@ fraction rho of the normalized advantages by psi ~ exp(A / eta), the temperature
 bound epsilon_eta); the M-step fits the policy to the weighted samples under decoupled KL trust regions on the Gaussian's
 mean and covariance (bounds epsilon_mu, epsilon_sigma), and the value to its targets, in m_steps minibatch steps.
 
-Departures from the paper, each an option: `--m-step clip` (the default) bounds the pull toward the top-k samples and
-adds a bounded push off the bottom-k ones (`--m-step seed` is the paper's update); PPO's network and reward scaling; a
-learning rate that decays with the steps trained, not with the budget (`--lr-horizon 0` anneals over the budget); a
-Gaussian whose samples the env gets clipped, as PPO's, with RPO's shift of its mean in the M-step's likelihood
-(`--policy-family tanh --rpo-alpha 0` is the tanh-squashed Gaussian without the shift); the M-step fits the probability
-of the action the env played, the clipped Gaussian's (`--no-clipped-likelihood` fits the sample's density, as PPO).
+The policy is a Gaussian whose samples the env gets clipped to its bounds, as PPO's; the M-step fits the probability of
+the action the env played. This file's departures from the paper are the third group of `Args`, each with the value that
+gives the paper's: chiefly `--m-step clip`, which bounds the pull toward the top-k samples and adds a bounded push off
+the bottom-k ones (`--m-step seed` is the paper's update).
 
 Run:
     python vmpo_continuous.py --env-id dm_control/walker/walk --cuda
@@ -52,8 +50,9 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Args:
-    """V-MPO with a Gaussian policy (clipped by the env, or tanh-squashed) for continuous actions, in one file."""
+    """V-MPO with a Gaussian policy that the env clips, for continuous actions, in one file."""
 
+    # The run, as CleanRL's scripts have it.
     exp_name: str = "vmpo_continuous"
     """the name of this experiment (part of the run name)"""
     seed: int = 1
@@ -74,96 +73,10 @@ class Args:
     """gymnasium id, `dm_control/<domain>/<task>`, `dm_control/<domain>-<task>-v0`, or a probe id"""
     total_timesteps: int = 1_000_000
     """total environment steps of training"""
-    num_envs: int = 8
-    """number of parallel training environments"""
     env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
     """training envs (auto: EnvPool where its port is the official task); evaluation is always on the official env"""
-    num_steps: int = 256
-    """steps per environment per rollout (rollout size = num_envs * num_steps)"""
-    gamma: float = 0.99
-    """discount factor"""
-    advantage_estimator: Literal["returns", "dae", "gae"] = "gae"
-    """targets: gae (GAE(lambda)); returns (lambda 1, the paper's: unbiased, noisy); dae (lambda 0, one-step TD: biased)"""
-    gae_lambda: float = 0.95
-    """lambda of GAE (only with --advantage-estimator gae)"""
-    m_steps: int = 80
-    """M-step gradient steps per iteration"""
-    num_minibatches: int = 8
-    """minibatches of the rollout: each M-step uses one, reshuffled every num_minibatches steps (1: full-batch M-steps)"""
-    policy_lr: float = 1e-3
-    """learning rate of the policy parameters"""
-    value_lr: float = 5e-4
-    """learning rate of the value parameters"""
-    anneal_lr: bool = True
-    """anneal the policy and value learning rates (how: --lr-horizon)"""
-    lr_horizon: int = 500_000
-    """H > 0: as H / (H + step), the same at every budget, so a longer run never takes larger steps; 0: linearly to 0
-    over --total-timesteps"""
-    lr_cooldown: float = 0.0
-    """with --lr-horizon: over this last fraction of the run the rates fall linearly to 0 (0: no cool-down)"""
-    optimizer: Literal["adam", "sgd"] = "adam"
-    """optimizer of networks and duals: adam (eps 1e-5), or sgd (with --sgd-momentum) to compare with plain-SGD trainers"""
-    sgd_momentum: float = 0.9
-    """momentum of SGD (only with --optimizer sgd)"""
-    max_grad_norm: float = 0.5
-    """global gradient-norm clip of the M-step"""
-    norm_adv: bool = True
-    """normalize advantages over the batch's trained samples (not reset steps)"""
-    topk_fraction: float = 0.5
-    """rho: fraction of the (non-restarting) samples with the highest advantages kept by the E-step (the paper's 0.5)"""
-    temperature_init: float = 1.0
-    """initial temperature eta"""
-    temperature_lr: float = 1e-2
-    """learning rate of the temperature (one step per iteration)"""
-    temperature_solve: bool = False
-    """solve the temperature's dual on every batch, so the weights' KL sits at epsilon_eta (off: one dual step)"""
-    epsilon_eta: float = 0.15
-    """KL bound of the E-step weights (temperature dual)"""
-    epsilon_mu: float = 0.05
-    """KL bound on the change of the Gaussian mean per iteration"""
-    epsilon_sigma: float = 0.001
-    """KL bound on the change of the Gaussian covariance per iteration"""
-    alpha_init: float = 1.0
-    """initial alpha_mu and alpha_sigma (KL Lagrange multipliers)"""
-    alpha_lr: float = 1e-2
-    """learning rate of alpha_mu and alpha_sigma (one step per M-step)"""
-    m_step: Literal["seed", "clip"] = "clip"
-    """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's)"""
-    m_step_clip: float = 0.2
-    """epsilon of the likelihood-ratio bounds of --m-step clip"""
-    decoupled_likelihood: bool = False
-    """M-step likelihood with the mean under the old std and the std around the old mean (MPO's decoupled fit)"""
-    target_kl: float | None = None
-    """stop the M-step after a pass over the batch whose mean KL (mean and covariance parts) exceeds this (PPO's)"""
-    ent_coef: float = 0.0
-    """M-step entropy bonus: a push on sigma against the top-k fit that narrows it (0: none; 0.01 for runs of millions of steps)"""
-    policy_hidden_sizes: tuple[int, ...] = (64, 64)
-    """hidden layer sizes of the policy encoder"""
-    value_hidden_sizes: tuple[int, ...] = (256, 256)
-    """hidden layer sizes of the value encoder (ignored with --shared-encoder)"""
-    shared_encoder: bool = False
-    """one encoder for policy and value (the value loss shapes the policy's features), for observations too large for two"""
-    ppo_like_backbone: bool = True
-    """orthogonal Linear+Tanh, a state-independent log-std; off: the paper's LayerNorm/ELU, a state-dependent log-std head"""
-    log_std_min: float = -5.0
-    """lower clamp of the pre-squash log standard deviation"""
-    log_std_max: float = 2.0
-    """upper clamp of the pre-squash log standard deviation"""
-    init_log_std: float = 0.0
-    """initial pre-squash log-std (0: std 1): the log-std parameter, or the log-std head's bias"""
-    policy_family: Literal["tanh", "clip"] = "clip"
-    """tanh: a = b + s tanh(u); clip: a = clip(u, low, high), PPO's (the rollout stores u for both)"""
-    clipped_likelihood: bool = True
-    """with --policy-family clip, fit the played action clip(u): its density inside the bounds, its mass at a bound;
-    off: the density of the stored u, PPO's (a u past a bound then drags the mean and the std past it)"""
-    rpo_alpha: float = 0.5
-    """RPO's shift: the M-step's likelihood under mean + U(-alpha, alpha), fresh per M-step (0: none)"""
     torch_threads: int = 0
     """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); rollout inference uses 1"""
-    norm_obs: bool = True
-    """normalize observations with running statistics shared by all training envs"""
-    reward_scaling: bool = True
-    """divide rewards by the running std of each env's discounted return (PPO's reward scaling)"""
     max_episode_steps: int | None = None
     """override the env's time limit (e.g. short episodes for quick tests); None keeps the env's own"""
     output_dir: str = "runs"
@@ -179,9 +92,72 @@ class Args:
     resume: str | None = None
     """continue this checkpoint to --total-timesteps in a new run dir, with its saved env and hyperparameters"""
 
+    # V-MPO's knobs (Song et al., 2019): the rollout, the E-step, the M-step and its trust regions.
+    num_envs: int = 8
+    """number of parallel training environments"""
+    num_steps: int = 256
+    """steps per environment per rollout (rollout size = num_envs * num_steps)"""
+    gamma: float = 0.99
+    """discount factor"""
+    topk_fraction: float = 0.5
+    """rho: fraction of the (non-restarting) samples with the highest advantages kept by the E-step (the paper's 0.5)"""
+    temperature_init: float = 1.0
+    """initial temperature eta"""
+    temperature_lr: float = 1e-2
+    """learning rate of the temperature (one step per iteration)"""
+    epsilon_eta: float = 0.15
+    """KL bound of the E-step weights (temperature dual)"""
+    m_steps: int = 80
+    """M-step gradient steps per iteration"""
+    num_minibatches: int = 8
+    """minibatches of the rollout: each M-step uses one, reshuffled every num_minibatches steps (1: full-batch M-steps)"""
+    policy_lr: float = 1e-3
+    """learning rate of the policy parameters"""
+    value_lr: float = 5e-4
+    """learning rate of the value parameters"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip of the M-step"""
+    norm_adv: bool = True
+    """normalize advantages over the batch's trained samples (not reset steps)"""
+    epsilon_mu: float = 0.05
+    """KL bound on the change of the Gaussian mean per iteration"""
+    epsilon_sigma: float = 0.001
+    """KL bound on the change of the Gaussian covariance per iteration"""
+    alpha_init: float = 1.0
+    """initial alpha_mu and alpha_sigma (KL Lagrange multipliers)"""
+    alpha_lr: float = 1e-2
+    """learning rate of alpha_mu and alpha_sigma (one step per M-step)"""
+    policy_hidden_sizes: tuple[int, ...] = (64, 64)
+    """hidden layer sizes of the policy encoder"""
+    value_hidden_sizes: tuple[int, ...] = (256, 256)
+    """hidden layer sizes of the value encoder"""
+    init_log_std: float = 0.0
+    """initial log-std of the Gaussian (0: std 1): the log-std parameter, or the log-std head's bias"""
+
+    # This file's departures from the paper: each default, and the value that gives the paper's.
+    m_step: Literal["seed", "clip"] = "clip"
+    """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's)"""
+    m_step_clip: float = 0.2
+    """epsilon of the likelihood-ratio bounds of --m-step clip"""
+    rpo_alpha: float = 0.5
+    """RPO's shift: the M-step's likelihood under mean + U(-alpha, alpha), fresh per M-step (0: none, the paper's)"""
+    gae_lambda: float = 0.95
+    """lambda of the GAE targets (1: the paper's n-step returns over the rollout; 0: one-step TD)"""
+    anneal_lr: bool = True
+    """anneal the policy and value learning rates (how: --lr-horizon; off: constant, the paper's)"""
+    lr_horizon: int = 500_000
+    """H > 0: as H / (H + step), the same at every budget, so a longer run never takes larger steps; 0: linearly to 0
+    over --total-timesteps"""
+    ppo_like_backbone: bool = True
+    """orthogonal Linear+Tanh, a state-independent log-std; off: the paper's LayerNorm/ELU, a state-dependent log-std head"""
+    norm_obs: bool = True
+    """normalize observations with running statistics shared by all training envs (off: the paper's raw observations)"""
+    reward_scaling: bool = True
+    """divide rewards by the running std of each env's discounted return (PPO's reward scaling; off: the paper's)"""
+
 
 SCRIPT = "vmpo_continuous"  # written into every checkpoint, so another script's files are recognised
-GAUSS_HERMITE_NODES = 64  # quadrature points of the mean action (deterministic_action), per action dimension
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the clamp of the Gaussian's log-std: std in [0.007, 7.4]
 
 
 class ConfigError(ValueError):
@@ -195,86 +171,66 @@ class TrainingDiverged(RuntimeError):
 # ---------------------------------------------------------------------------------------
 # Network
 # ---------------------------------------------------------------------------------------
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2), ppo_like: bool = True) -> nn.Linear:
-    if ppo_like:  # PPO's orthogonal init; the paper's network keeps torch's default
-        nn.init.orthogonal_(layer.weight, std)
-        nn.init.constant_(layer.bias, 0.0)
+def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
     return layer
+
+
+def linear(in_dim: int, out_dim: int, ppo_like: bool, std: float = math.sqrt(2)) -> nn.Linear:
+    """PPO's orthogonal init, or (the paper's network) torch's default."""
+    return layer_init(nn.Linear(in_dim, out_dim), std) if ppo_like else nn.Linear(in_dim, out_dim)
 
 
 def make_encoder(in_dim: int, hidden_sizes: tuple[int, ...], ppo_like: bool) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i, size in enumerate(hidden_sizes):
-        layers.append(layer_init(nn.Linear(in_dim, size), ppo_like=ppo_like))
+        layers.append(linear(in_dim, size, ppo_like))
         layers += [nn.Tanh()] if ppo_like else [nn.LayerNorm(size), nn.Tanh()] if i == 0 else [nn.ELU()]
         in_dim = size
     return nn.Sequential(*layers)
 
 
 class Agent(nn.Module):
-    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box, args: Args):
+    def __init__(self, obs_dim: int, action_space, policy_hidden_sizes, value_hidden_sizes, init_log_std=0.0, ppo_like=True):
         super().__init__()
-        obs_dim, act_dim = int(np.prod(observation_space.shape)), int(np.prod(action_space.shape))
-        self.ppo_like, self.log_std_min, self.log_std_max = args.ppo_like_backbone, args.log_std_min, args.log_std_max
-        self.family = args.policy_family
-        self.policy_encoder = make_encoder(obs_dim, args.policy_hidden_sizes, self.ppo_like)
-        features = args.policy_hidden_sizes[-1] if args.policy_hidden_sizes else obs_dim
-        self.policy_mean = layer_init(nn.Linear(features, act_dim), std=0.01, ppo_like=self.ppo_like)
-        if self.ppo_like:  # a state-independent log-std
-            self.policy_log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
+        act_dim, self.ppo_like = action_space.shape[0], ppo_like
+        self.policy_encoder = make_encoder(obs_dim, policy_hidden_sizes, ppo_like)
+        features = policy_hidden_sizes[-1] if policy_hidden_sizes else obs_dim
+        self.policy_mean = linear(features, act_dim, ppo_like, std=0.01)
+        if ppo_like:  # a state-independent log-std
+            self.policy_log_std = nn.Parameter(torch.full((act_dim,), init_log_std))
         else:  # a state-dependent log-std head that starts at init_log_std
             self.policy_log_std = nn.Linear(features, act_dim)
-            nn.init.constant_(self.policy_log_std.bias, args.init_log_std)
-        self.value_encoder = None if args.shared_encoder else make_encoder(obs_dim, args.value_hidden_sizes, self.ppo_like)
-        value_sizes = args.policy_hidden_sizes if args.shared_encoder else args.value_hidden_sizes
-        value_features = value_sizes[-1] if value_sizes else obs_dim
-        self.value_head = layer_init(nn.Linear(value_features, 1), std=1.0, ppo_like=self.ppo_like)
-        low, high = (torch.as_tensor(x, dtype=torch.float32) for x in (action_space.low, action_space.high))
-        self.register_buffer("action_scale", (high - low) / 2.0)
-        self.register_buffer("action_bias", (high + low) / 2.0)
-        self.register_buffer("action_low", low, persistent=False)  # the clip family's bounds; not saved in checkpoints
-        self.register_buffer("action_high", high, persistent=False)
-        # Probabilists' Gauss-Hermite nodes and weights (summing to 1) for the mean action; not saved in checkpoints.
-        nodes, weights = np.polynomial.hermite_e.hermegauss(GAUSS_HERMITE_NODES)
-        self.register_buffer("hermite_nodes", torch.as_tensor(nodes, dtype=torch.float32), persistent=False)
-        self.register_buffer(
-            "hermite_weights", torch.as_tensor(weights / weights.sum(), dtype=torch.float32), persistent=False
-        )
+            nn.init.constant_(self.policy_log_std.bias, init_log_std)
+        self.value_encoder = make_encoder(obs_dim, value_hidden_sizes, ppo_like)
+        self.value_head = linear(value_hidden_sizes[-1] if value_hidden_sizes else obs_dim, 1, ppo_like, std=1.0)
+        # The env's action bounds: not saved in checkpoints (the env gives them).
+        self.register_buffer("action_low", torch.as_tensor(action_space.low, dtype=torch.float32), persistent=False)
+        self.register_buffer("action_high", torch.as_tensor(action_space.high, dtype=torch.float32), persistent=False)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        h = self.policy_encoder(obs)
-        return *self.policy(obs, h), self.value(obs, h)
+        return *self.policy(obs), self.value(obs)
 
-    def policy(self, obs: torch.Tensor, policy_features: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The Gaussian over pre-squash actions u, (mean, clamped log-std): all that acting needs; forward() passes h."""
-        h = self.policy_encoder(obs) if policy_features is None else policy_features
+    def policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Gaussian over the sample u, (mean, clamped log-std): all that acting needs."""
+        h = self.policy_encoder(obs)
         mean = self.policy_mean(h)
         log_std = self.policy_log_std.expand_as(mean) if self.ppo_like else self.policy_log_std(h)
-        return mean, log_std.clamp(self.log_std_min, self.log_std_max)
+        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
-    def value(self, obs: torch.Tensor, policy_features: torch.Tensor | None = None) -> torch.Tensor:
-        if self.value_encoder is not None:
-            return self.value_head(self.value_encoder(obs)).squeeze(-1)
-        features = self.policy_encoder(obs) if policy_features is None else policy_features
-        return self.value_head(features).squeeze(-1)
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.value_head(self.value_encoder(obs)).squeeze(-1)
 
-    def squash(self, u: torch.Tensor) -> torch.Tensor:
-        """The env action of a pre-squash sample u: the rollout stores u, the env gets a within its bounds."""
-        if self.family == "clip":
-            # LaTeX: a = \operatorname{clip}(u, a_{low}, a_{high})
-            return torch.clamp(u, self.action_low, self.action_high)
-        # LaTeX: a = b + s \odot \tanh(u), \quad s = \tfrac{1}{2}(a_{high} - a_{low}), \ b = \tfrac{1}{2}(a_{high} + a_{low})
-        return self.action_bias + self.action_scale * torch.tanh(u)
+    def clip_action(self, u: torch.Tensor) -> torch.Tensor:
+        """The action the env plays for a sample u: the rollout stores u, the env gets it clipped to its bounds."""
+        # LaTeX: a = \operatorname{clip}(u, a_{low}, a_{high})
+        return torch.clamp(u, self.action_low, self.action_high)
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The evaluated action: the policy's mean action E[a], not a at the Gaussian's mean. With a std near 1 or
-        wider, tanh(mean) or clip(mean) sits much nearer the bounds than the actions the sampled policy plays on average."""
+        """The evaluated action: the mean action E[clip(u)]; with a wide std, clip(mean) sits far nearer the bounds."""
         mean, log_std = self.policy(obs)
-        if self.family == "clip":
-            return clipped_gaussian_mean(mean, log_std.exp(), self.action_low, self.action_high)
-        u = mean.unsqueeze(-1) + log_std.exp().unsqueeze(-1) * self.hermite_nodes  # (..., act_dim, nodes)
-        # LaTeX: \bar{a}_j = \mathbb{E}[a_j] = b_j + s_j \sum_{k=1}^{K} w_k \tanh(\mu_j + \sigma_j x_k), \quad (x_k, w_k) \text{: Gauss-Hermite}
-        return self.action_bias + self.action_scale * (torch.tanh(u) * self.hermite_weights).sum(-1)
+        return clipped_gaussian_mean(mean, log_std.exp(), self.action_low, self.action_high)
 
 
 def clipped_gaussian_mean(mean: torch.Tensor, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
@@ -288,32 +244,16 @@ def clipped_gaussian_mean(mean: torch.Tensor, std: torch.Tensor, low: torch.Tens
     return low * cdf_alpha + high * (1.0 - cdf_beta) + mean * (cdf_beta - cdf_alpha) + std * (pdf_alpha - pdf_beta)
 
 
-def gaussian_log_density(mean: torch.Tensor, log_std: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """log N(u_j | mu_j, sigma_j) of each action dimension j, not summed."""
-    # LaTeX: \log\mathcal{N}(u_j|\mu_j,\sigma_j) = -\frac{(u_j-\mu_j)^2}{2\sigma_j^2} - \log\sigma_j - \frac{\log 2\pi}{2}
-    return -0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
-
-
-def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    # LaTeX: \log\mathcal{N}(u|\mu,\sigma) = \sum_j \log\mathcal{N}(u_j|\mu_j,\sigma_j)
-    return gaussian_log_density(mean, log_std, u).sum(-1)
-
-
 def clipped_gaussian_log_prob(mean, log_std, u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """--clipped-likelihood: the log-probability of the played action a = clip(u, low, high) under u ~ N(mean, std),
-    summed over dimensions: the Gaussian's density between the bounds, the mass beyond a bound where a sits on it.
-    Every u past a bound plays the same action and gets the same value here: the fit can push mass to a bound, not
-    drag the mean after a far sample (the pull fades as the mass at the bound nears 1)."""
-    std, inside = log_std.exp(), gaussian_log_density(mean, log_std, u)
-    # LaTeX: \log p(a_j) = \begin{cases} \log\Phi\big(\tfrac{l_j - \mu_j}{\sigma_j}\big) & u_j \le l_j \\ \log\mathcal{N}(u_j|\mu_j,\sigma_j) & l_j < u_j < h_j \\ \log\Phi\big(\tfrac{\mu_j - h_j}{\sigma_j}\big) & u_j \ge h_j \end{cases}
+    """log pi(a|s) of the played action a = clip(u, low, high), u ~ N(mean, std), summed over dimensions: the density
+    between the bounds, the mass beyond a bound where a sits on it. Every u past a bound plays the same action and gets
+    the same value: the fit can push mass to a bound, not drag the mean after a far sample."""
+    std = log_std.exp()
+    # LaTeX: \log\mathcal{N}(u_j|\mu_j,\sigma_j) = -\frac{(u_j-\mu_j)^2}{2\sigma_j^2} - \log\sigma_j - \frac{\log 2\pi}{2}
+    inside = -0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+    # LaTeX: \log \pi(a_j) = \begin{cases} \log\Phi\big(\tfrac{l_j - \mu_j}{\sigma_j}\big) & u_j \le l_j \\ \log\mathcal{N}(u_j|\mu_j,\sigma_j) & l_j < u_j < h_j \\ \log\Phi\big(\tfrac{\mu_j - h_j}{\sigma_j}\big) & u_j \ge h_j \end{cases}, \quad \log \pi(a) = \sum_j \log \pi(a_j)
     at_low, at_high = torch.special.log_ndtr((low - mean) / std), torch.special.log_ndtr((mean - high) / std)
     return torch.where(u <= low, at_low, torch.where(u >= high, at_high, inside)).sum(-1)
-
-
-def squash_log_det(u: torch.Tensor, action_scale: torch.Tensor) -> torch.Tensor:
-    """log |da/du| of a = b + s tanh(u), summed over action dimensions (stable form of log(1 - tanh^2))."""
-    # LaTeX: \log|\det \tfrac{\partial a}{\partial u}| = \sum_j \big(\log s_j + 2(\log 2 - u_j - \mathrm{softplus}(-2u_j))\big)
-    return (torch.log(action_scale) + 2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u))).sum(-1)
 
 
 def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
@@ -378,8 +318,8 @@ class Rollout:
     step: it holds the real final observation (row t+1 is always s_{t+1}); its action is ignored and its weight is 0."""
 
     obs: torch.Tensor
-    u: torch.Tensor  # the pre-squash samples (the env got a = squash(u)): the M-step fits the Gaussian to them
-    means: torch.Tensor  # the acting policy's pre-squash Gaussian
+    u: torch.Tensor  # the Gaussian's samples (the env played a = clip(u)): the M-step fits the played action's probability
+    means: torch.Tensor  # the acting policy's Gaussian
     log_stds: torch.Tensor
     rewards: torch.Tensor  # scaled with --reward-scaling
     values: torch.Tensor
@@ -414,7 +354,7 @@ def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.T
         # LaTeX: u_t \sim \mathcal{N}(\mu_\theta(s_t), \sigma_\theta(s_t))
         u = mean + log_std.exp() * torch.randn_like(mean)
         buf.u[step], buf.means[step], buf.log_stds[step] = u, mean, log_std
-        raw_obs, reward, terminated, truncated, infos = envs.step(agent.squash(u).cpu().numpy())
+        raw_obs, reward, terminated, truncated, infos = envs.step(agent.clip_action(u).cpu().numpy())
         obs_rms.update(raw_obs)
         next_obs = torch.as_tensor(obs_rms.normalize(raw_obs), device=next_obs.device)
         prev_done = terminated | truncated
@@ -431,9 +371,6 @@ def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.T
 # ---------------------------------------------------------------------------------------
 # Advantages
 # ---------------------------------------------------------------------------------------
-ESTIMATOR_LAMBDA = {"returns": 1.0, "dae": 0.0}  # the lambda of each --advantage-estimator (gae: --gae-lambda)
-
-
 def compute_gae(rewards, values, next_values, terminated, truncated, gamma: float, gae_lambda: float) -> tuple:
     """Advantages and value targets, (num_steps, num_envs). next_values[t] = V(real successor of s_t): the real final
     observation at an episode end (NEXT_STEP autoreset stores it as the next row), the next observation at the rollout end."""
@@ -470,19 +407,20 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
 # Losses and update
 # ---------------------------------------------------------------------------------------
 class DualVariables(nn.Module):
+    """The temperature eta and the KL multipliers alpha_mu, alpha_sigma: each softplus(raw_*) + 1e-8, so it stays > 0."""
+
     def __init__(self, temperature_init: float, alpha_init: float):
         super().__init__()
-        # Unconstrained parameters: eta, alpha_mu, alpha_sigma are each softplus(raw) + 1e-8.
-        raw = lambda x: nn.Parameter(torch.tensor(math.log(math.expm1(x))))  # noqa: E731  (inverse softplus)
-        self.log_temperature = raw(max(temperature_init, 1e-8))
-        self.log_alpha_mu, self.log_alpha_sigma = raw(alpha_init), raw(alpha_init)
+        inverse_softplus = lambda x: nn.Parameter(torch.tensor(math.log(math.expm1(x))))  # noqa: E731
+        self.raw_temperature = inverse_softplus(max(temperature_init, 1e-8))
+        self.raw_alpha_mu, self.raw_alpha_sigma = inverse_softplus(alpha_init), inverse_softplus(alpha_init)
 
     def temperature(self) -> torch.Tensor:
         # LaTeX: \eta = \operatorname{softplus}(\tilde{\eta}) + 10^{-8}
-        return nn.functional.softplus(self.log_temperature) + 1e-8
+        return nn.functional.softplus(self.raw_temperature) + 1e-8
 
     def alphas(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return nn.functional.softplus(self.log_alpha_mu) + 1e-8, nn.functional.softplus(self.log_alpha_sigma) + 1e-8
+        return nn.functional.softplus(self.raw_alpha_mu) + 1e-8, nn.functional.softplus(self.raw_alpha_sigma) + 1e-8
 
 
 def e_step(advantages, restarting_weights, temperature: torch.Tensor, topk_fraction: float, epsilon_eta: float) -> dict:
@@ -518,19 +456,6 @@ def e_step(advantages, restarting_weights, temperature: torch.Tensor, topk_fract
     return {"weights": weights, "selected_weights": selected_weights, "threshold": threshold, "dual_loss": dual_loss, "kl": kl}
 
 
-def solve_temperature(advantages, restarting_weights, topk_fraction: float, epsilon_eta: float) -> float:
-    """--temperature-solve: the eta whose E-step weights sit at KL(psi || U_S) = epsilon_eta, the minimum of the convex
-    dual, by bisection on log eta (the top k do not depend on eta, and their weights' KL falls as eta grows)."""
-    lo, hi = math.log(1e-4), math.log(1e4)
-    for _ in range(60):
-        log_eta = 0.5 * (lo + hi)
-        eta = torch.tensor(math.exp(log_eta), dtype=advantages.dtype, device=advantages.device)
-        # LaTeX: \eta^* : \mathrm{KL}(\psi(\eta^*) \,\|\, \mathcal{U}_{\mathcal{S}}) = \epsilon_\eta
-        kl = e_step(advantages, restarting_weights, eta, topk_fraction, epsilon_eta)["kl"]
-        lo, hi = (log_eta, hi) if kl > epsilon_eta else (lo, log_eta)
-    return math.exp(0.5 * (lo + hi))
-
-
 def decoupled_kl(mean, log_std, old_mean, old_log_std) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample KL(N(mu_old, sigma_old) || N(mu, sigma_old)) of the mean, KL(... || N(mu_old, sigma)) of the covariance."""
     old_var = (2.0 * old_log_std).exp()
@@ -539,17 +464,6 @@ def decoupled_kl(mean, log_std, old_mean, old_log_std) -> tuple[torch.Tensor, to
     # LaTeX: D_\sigma(s_t) = \frac{1}{2} \sum_j \big((\sigma^{old}_j / \sigma_j)^2 - 1 + 2\log(\sigma_j / \sigma^{old}_j)\big)
     kl_sigma = 0.5 * (old_var / (2.0 * log_std).exp() - 1.0 + 2.0 * (log_std - old_log_std)).sum(-1)
     return kl_mu, kl_sigma
-
-
-def decoupled_log_prob(mean, log_std, old_mean, old_log_std, u: torch.Tensor, log_density=None) -> torch.Tensor:
-    """--decoupled-likelihood: the mean fitted under the old std, the std around the old mean. The top k of
-    N(mu_old, sigma_old) sit closer to their own mean than sigma_old (a half-Gaussian's spread), so a std fitted around
-    the new mean shrinks every iteration even where the advantage is linear; around the old mean it keeps their spread.
-    Equal to the joint log-density at the old parameters, and with the same gradient as each factor alone.
-    `log_density(mean, log_std, u)` is the density fitted (default: the Gaussian's)."""
-    log_density = log_density or gaussian_log_prob
-    # LaTeX: \log \mathcal{N}_\theta(u_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_{old}) + \log \mathcal{N}(u_t|\mu_{old}, \sigma_\theta) - \log \mathcal{N}(u_t|\mu_{old}, \sigma_{old})
-    return log_density(mean, old_log_std, u) + log_density(old_mean, log_std, u) - log_density(old_mean, old_log_std, u)
 
 
 def rpo_perturbation(mean: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -576,127 +490,101 @@ def clipped_likelihood_loss(weights, push_weights, log_ratio: torch.Tensor, clip
     return pull + push
 
 
-def build_optimizers(agent: Agent, duals: DualVariables, args: Args) -> dict[str, torch.optim.Optimizer]:
-    if args.optimizer == "adam":  # fused: one kernel for all of a group's tensors, not CPU's default Python loop
-        make = partial(torch.optim.Adam, eps=1e-5, fused=True)
+def m_step_losses(mean, log_std, values, mb: dict, low, high, m_step: str, clip: float, rpo_alpha: float) -> dict:
+    """The M-step's losses on one minibatch from the networks' outputs on it: the likelihood loss of --m-step, the decoupled
+    KLs over the selected samples, the value loss. `mb` holds the acting Gaussian (means, log_stds), the samples u and
+    their log-probability under it, the E-step's weights (psi, psi_minus, selected), `restarting` and `returns`."""
+    # RPO's shift moves only the likelihood's mean: the KL bounds, the old log-probability and acting see the policy's own.
+    shifted_mean = rpo_perturbation(mean, rpo_alpha)
+    # LaTeX: \log \pi_\theta(a_t|s_t) = \log \pi(\operatorname{clip}(u_t) \mid \tilde{\mu}_\theta(s_t), \sigma_\theta(s_t))
+    log_prob = clipped_gaussian_log_prob(shifted_mean, log_std, mb["u"], low, high)
+    # LaTeX: \log \rho_t = \log \pi_\theta(a_t|s_t) - \log \pi_{old}(a_t|s_t)
+    log_ratio = log_prob - mb["old_log_prob"]
+    if m_step == "clip":
+        likelihood_loss = clipped_likelihood_loss(mb["psi"], mb["psi_minus"], log_ratio, clip)
     else:
-        make = partial(torch.optim.SGD, momentum=args.sgd_momentum, foreach=True)
+        likelihood_loss = nll_loss(mb["psi"], log_prob)
+    kl_mu_t, kl_sigma_t = decoupled_kl(mean, log_std, mb["means"], mb["log_stds"])
+    # LaTeX: (D_\mu, D_\sigma) = \frac{1}{N_{sel}} \sum_{t \in \mathcal{S}} \big(D_\mu(s_t), D_\sigma(s_t)\big)
+    kl_mu, kl_sigma = masked_mean(kl_mu_t, mb["selected"]), masked_mean(kl_sigma_t, mb["selected"])
+    # LaTeX: \mathcal{L}_V = \frac{1}{2 N_{valid}} \sum_{t : w^{restart}_t = 1} (V_\phi(s_t) - R_t)^2
+    value_loss = 0.5 * masked_mean((values - mb["returns"]) ** 2, mb["restarting"])
+    losses = {"likelihood": likelihood_loss, "kl_mu": kl_mu, "kl_sigma": kl_sigma, "value": value_loss}
+    return losses | {"log_ratio": log_ratio, "kl_mu_t": kl_mu_t, "kl_sigma_t": kl_sigma_t}  # and the diagnostics' inputs
+
+
+def build_optimizers(agent: Agent, duals: DualVariables, args: Args) -> dict[str, torch.optim.Optimizer]:
+    """Adam (eps 1e-5) for the networks and each dual, fused: one kernel for a group's tensors, not a Python loop."""
+    adam = partial(torch.optim.Adam, eps=1e-5, fused=True)
     policy, value = ([p for name, p in agent.named_parameters() if name.startswith(part)] for part in ("policy_", "value_"))
-    model = make([{"params": policy, "lr": args.policy_lr}, {"params": value, "lr": args.value_lr}], args.policy_lr)
-    temperature = make([duals.log_temperature], args.temperature_lr)
-    alpha = make([duals.log_alpha_mu, duals.log_alpha_sigma], args.alpha_lr)
+    model = adam([{"params": policy, "lr": args.policy_lr}, {"params": value, "lr": args.value_lr}], args.policy_lr)
+    temperature = adam([duals.raw_temperature], args.temperature_lr)
+    alpha = adam([duals.raw_alpha_mu, duals.raw_alpha_sigma], args.alpha_lr)
     return {"model": model, "temperature": temperature, "alpha": alpha}
 
 
 def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dict, args: Args) -> dict[str, float]:
     """One V-MPO iteration on a flat batch: E-step (one temperature step), then m_steps M-steps."""
-    obs, old_means, old_log_stds, returns = batch["obs"], batch["means"], batch["log_stds"], batch["returns"]
     restarting = 1.0 - batch["resets"]  # the paper's restarting weights: 0 on reset steps, whose actions the env ignored
-    u = batch["u"]
     advantages = normalize_advantages(batch["advantages"], restarting) if args.norm_adv else batch["advantages"]
 
-    # ---- E-step: weights with the current temperature, then one dual step on it (or the temperature solved first).
-    if args.temperature_solve:
-        eta = solve_temperature(advantages, restarting, args.topk_fraction, args.epsilon_eta)
-        with torch.no_grad():  # the inverse of softplus(x) + 1e-8
-            duals.log_temperature.fill_(math.log(math.expm1(max(eta - 1e-8, 1e-8))))
+    # ---- E-step: weights with the current temperature, then one dual step on it.
     estep = e_step(advantages, restarting, duals.temperature(), args.topk_fraction, args.epsilon_eta)
-    if not args.temperature_solve:
-        optimizers["temperature"].zero_grad()
-        estep["dual_loss"].backward()
-        optimizers["temperature"].step()
-    weights, selected = estep["weights"], estep["selected_weights"]
-    if args.m_step == "clip":
-        # The mirror E-step (same temperature and k, negated advantages): exp(-s_t) on the bottom k; its dual loss unused.
-        # LaTeX: \psi^-_t \propto \bar{w}^-_t e^{-s_t}, \quad \bar{w}^-_t = w^{restart}_t [t \in \mathrm{BottomK}(s, k)]
-        push_weights = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)["weights"]
-    elif agent.family == "tanh":  # the paper's likelihood reads log pi(a|s), so the (parameter-free) squash Jacobian too
-        log_det = squash_log_det(u, agent.action_scale)
-    else:  # the clip family's log-probability below is already the played action's (or, unclipped, u's: PPO's practice)
-        log_det = torch.zeros_like(u[:, 0])
-    # The density the M-step fits: of the stored u, or (--clipped-likelihood) of the action the env played.
-    if agent.family == "clip" and args.clipped_likelihood:
-        log_density = partial(clipped_gaussian_log_prob, low=agent.action_low, high=agent.action_high)
-    else:
-        log_density = gaussian_log_prob
-    old_log_prob = log_density(old_means, old_log_stds, u)
+    optimizers["temperature"].zero_grad()
+    estep["dual_loss"].backward()
+    optimizers["temperature"].step()
+    # --m-step clip's push: the mirror E-step (same temperature and k, negated advantages), exp(-s_t) on the bottom k.
+    # LaTeX: \psi^-_t \propto \bar{w}^-_t e^{-s_t}, \quad \bar{w}^-_t = w^{restart}_t [t \in \mathrm{BottomK}(s, k)]
+    push_weights = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)["weights"]
+    low, high = agent.action_low, agent.action_high
+    # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
+    fields = {key: batch[key] for key in ("obs", "u", "means", "log_stds", "returns")}
+    fields["old_log_prob"] = clipped_gaussian_log_prob(batch["means"], batch["log_stds"], batch["u"], low, high)
+    fields["psi"], fields["psi_minus"] = args.num_minibatches * estep["weights"], args.num_minibatches * push_weights
+    fields["selected"], fields["restarting"] = estep["selected_weights"], restarting
 
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
-    minibatch_size = len(obs) // args.num_minibatches
-    step_kls = []  # each M-step's KL, for --target-kl
+    n = len(restarting)
+    size = n // args.num_minibatches
     for step in range(args.m_steps):
         if step % args.num_minibatches == 0:  # a fresh shuffle for each pass over the batch
             # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
-            shuffled = args.num_minibatches > 1
-            order = torch.randperm(len(obs)).to(obs.device) if shuffled else torch.arange(len(obs), device=obs.device)
-        start = step % args.num_minibatches * minibatch_size
-        mb = order[start : start + minibatch_size]
-        mean, log_std, values = agent(obs[mb])
-        # RPO's shift moves only the likelihood's mean (tilde mu = mu with --rpo-alpha 0): the KL bounds, the old
-        # log-density and acting see the policy's own.
-        shifted_mean = rpo_perturbation(mean, args.rpo_alpha)
-        if args.decoupled_likelihood:
-            new_log_prob = decoupled_log_prob(shifted_mean, log_std, old_means[mb], old_log_stds[mb], u[mb], log_density)
-        else:
-            new_log_prob = log_density(shifted_mean, log_std, u[mb])
-        # rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t): tanh's Jacobian cancels (its Gaussians over u are enough); the
-        # clip family's log_density is already the played action's.
-        # LaTeX: \log \rho_t = \log p_\theta(u_t) - \log p_{old}(u_t), \quad p_\theta = \mathcal{N}(\cdot|\tilde{\mu}_\theta, \sigma_\theta) \text{ (tanh) or the clipped Gaussian's } p(\operatorname{clip}(u_t)) \text{ (clip)}
-        log_ratio = new_log_prob - old_log_prob[mb]
-        # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
-        psi = args.num_minibatches * weights[mb]
-        if args.m_step == "clip":
-            psi_minus = args.num_minibatches * push_weights[mb]
-            likelihood_loss = clipped_likelihood_loss(psi, psi_minus, log_ratio, args.m_step_clip)
-        else:
-            # The env action a = b + s tanh(u): a change of variables (log_det = 0 for --policy-family clip).
-            # LaTeX: \log \pi_\theta(a_t|s_t) = \log \mathcal{N}(u_t|\mu_\theta, \sigma_\theta) - \log|\det \partial a/\partial u|
-            log_prob = new_log_prob - log_det[mb]
-            likelihood_loss = nll_loss(psi, log_prob)
-        kl_mu_t, kl_sigma_t = decoupled_kl(mean, log_std, old_means[mb], old_log_stds[mb])
-        # LaTeX: (D_\mu, D_\sigma) = \frac{1}{N_{sel}} \sum_{t \in \mathcal{S}} \big(D_\mu(s_t), D_\sigma(s_t)\big)
-        kl_mu, kl_sigma = masked_mean(kl_mu_t, selected[mb]), masked_mean(kl_sigma_t, selected[mb])
+            order = (torch.randperm(n) if args.num_minibatches > 1 else torch.arange(n)).to(restarting.device)
+        start = step % args.num_minibatches * size
+        indices = order[start : start + size]
+        mb = {key: field[indices] for key, field in fields.items()}
+        mean, log_std, values = agent(mb["obs"])
+        losses = m_step_losses(mean, log_std, values, mb, low, high, args.m_step, args.m_step_clip, args.rpo_alpha)
         # The multipliers' dual loss, KLs held constant: minimizing it grows alpha while its KL is above epsilon.
         alpha_mu, alpha_sigma = duals.alphas()
+        kl_mu, kl_sigma = losses["kl_mu"].detach(), losses["kl_sigma"].detach()
         # LaTeX: \mathcal{L}_\alpha = \alpha_\mu (\epsilon_\mu - D_\mu) + \alpha_\sigma (\epsilon_\sigma - D_\sigma)
-        alpha_loss = alpha_mu * (args.epsilon_mu - kl_mu.detach()) + alpha_sigma * (args.epsilon_sigma - kl_sigma.detach())
+        alpha_loss = alpha_mu * (args.epsilon_mu - kl_mu) + alpha_sigma * (args.epsilon_sigma - kl_sigma)
         optimizers["alpha"].zero_grad()
         alpha_loss.backward()
         optimizers["alpha"].step()
         alpha_mu, alpha_sigma = (alpha.detach() for alpha in duals.alphas())  # the updated ones, held constant below
         # LaTeX: \mathcal{L}_\pi = \mathcal{L}^{lik}_\pi + \mathrm{sg}[\alpha_\mu] D_\mu + \mathrm{sg}[\alpha_\sigma] D_\sigma
-        policy_loss = likelihood_loss + alpha_mu * kl_mu + alpha_sigma * kl_sigma
-        if args.ent_coef > 0:  # of the pre-squash Gaussian: the squashed policy's entropy has no closed form
-            # LaTeX: \mathcal{L}_\pi \leftarrow \mathcal{L}_\pi - c_{ent} \frac{1}{N_{valid}} \sum_{t : w^{restart}_t = 1} \mathcal{H}[\mathcal{N}(\mu_\theta(s_t), \sigma_\theta(s_t))]
-            policy_loss = policy_loss - args.ent_coef * masked_mean(gaussian_entropy(log_std), restarting[mb])
-        # LaTeX: \mathcal{L}_V = \frac{1}{2 N_{valid}} \sum_{t : w^{restart}_t = 1} (V_\phi(s_t) - R_t)^2
-        value_loss = 0.5 * masked_mean((values - returns[mb]) ** 2, restarting[mb])
+        policy_loss = losses["likelihood"] + alpha_mu * losses["kl_mu"] + alpha_sigma * losses["kl_sigma"]
         # LaTeX: \mathcal{L} = \mathcal{L}_\pi + \mathcal{L}_V
-        total_loss = policy_loss + value_loss
+        total_loss = policy_loss + losses["value"]
         optimizers["model"].zero_grad()
         total_loss.backward()
         # LaTeX: g \leftarrow g \cdot \min\left(1, \frac{c_{\max}}{\lVert g \rVert_2}\right)
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizers["model"].step()
-        if args.target_kl is not None:  # the KL before each step, as PPO's; checked at the end of each pass
-            step_kls.append(masked_mean(kl_mu_t + kl_sigma_t, restarting[mb]).detach())
-            end_of_pass = (step + 1) % args.num_minibatches == 0
-            # LaTeX: \text{stop if } \frac{1}{n} \sum_{\text{pass}} \big(D_\mu + D_\sigma\big) > \text{target\_kl}
-            if end_of_pass and torch.stack(step_kls[-args.num_minibatches :]).mean() > args.target_kl:
-                break
 
     # ---- Diagnostics: the last M-step's (its minibatch); the KLs and the clip fraction over non-restarting samples.
     with torch.no_grad():
-        valid = restarting[mb]
-        stats = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss, "losses/alpha_loss": alpha_loss}
+        valid, ratio = mb["restarting"], losses["log_ratio"].exp()
+        stats = {"losses/policy_loss": policy_loss, "losses/value_loss": losses["value"], "losses/alpha_loss": alpha_loss}
         stats["losses/temperature_loss"] = estep["dual_loss"]
-        stats["losses/entropy"] = masked_mean(gaussian_entropy(log_std), selected[mb])
-        stats["losses/clipfrac"] = masked_mean(((log_ratio.exp() - 1.0).abs() > args.m_step_clip).float(), valid)
-        stats["kl/mu"], stats["kl/sigma"] = masked_mean(kl_mu_t, valid), masked_mean(kl_sigma_t, valid)
+        stats["losses/entropy"] = masked_mean(gaussian_entropy(log_std), mb["selected"])
+        stats["losses/clipfrac"] = masked_mean(((ratio - 1.0).abs() > args.m_step_clip).float(), valid)
+        stats["kl/mu"], stats["kl/sigma"] = masked_mean(losses["kl_mu_t"], valid), masked_mean(losses["kl_sigma_t"], valid)
         stats["vmpo/alpha_mu"], stats["vmpo/alpha_sigma"] = alpha_mu, alpha_sigma
         stats["vmpo/temperature"] = duals.temperature()
-        stats["vmpo/ess"] = 1.0 / (weights**2).sum()  # effective sample size of the E-step weights
-        stats["vmpo/m_steps"] = torch.tensor(step + 1.0)  # fewer than --m-steps where --target-kl stopped the M-step
+        stats["vmpo/ess"] = 1.0 / (estep["weights"] ** 2).sum()  # effective sample size of the E-step weights
         stats["vmpo/kl_weights"] = estep["kl"]  # the constraint the temperature's dual holds at epsilon_eta
     stats = {k: float(x.detach()) for k, x in stats.items()}
     bad = [k for k in stats if k.startswith("losses/") and not math.isfinite(stats[k])]
@@ -733,10 +621,9 @@ class Run:
         return os.path.join(self.run_dir, f"{SCRIPT}_{kind}.pt")
 
     def close(self) -> None:
-        if self.envs is not None:
-            self.envs.close()
-        self.eval_envs.close()
-        self.writer.close()
+        for resource in (self.envs, self.eval_envs, self.writer):
+            if resource is not None:  # no training envs with --eval-only
+                resource.close()
         if self.args.track:
             import wandb
 
@@ -793,13 +680,13 @@ def set_up(args: Args) -> Run:
     threads = args.torch_threads or torch.get_num_threads()  # the update's and EnvPool's
     envs = None if args.eval_only else make_training_envs(args, args.seed, threads)
     with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
-        agent = Agent(eval_envs.single_observation_space, eval_envs.single_action_space, args).to(device)
+        network = (args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std, args.ppo_like_backbone)
+        agent = Agent(eval_envs.single_observation_space.shape[0], eval_envs.single_action_space, *network).to(device)
     duals = DualVariables(args.temperature_init, args.alpha_init).to(device)
     obs_rms = RunningMeanStd(eval_envs.single_observation_space.shape, args.norm_obs)
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
     optimizers = build_optimizers(agent, duals, args)
-    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, optimizers, duals, obs_rms, scaler)
-    run.threads = threads
+    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, optimizers, duals, obs_rms, scaler, threads)
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
         run.agent.load_state_dict(source["agent"])
         run.obs_rms.load_state_dict(source["obs_rms"])
@@ -809,8 +696,7 @@ def set_up(args: Args) -> Run:
             for name, optimizer in run.optimizers.items():
                 optimizer.load_state_dict(source["optimizers"][name])
             run.iteration = source["iteration"]
-            if "reward_rms" in source:  # absent from checkpoints written before --reward-scaling existed
-                run.reward_scaler.rms.load_state_dict(source["reward_rms"])
+            run.reward_scaler.rms.load_state_dict(source["reward_rms"])
             restore_rng(source["rng"], device, source.get("device", "cpu"), source_path)
     return run
 
@@ -826,12 +712,8 @@ def train(args: Args) -> dict:
         mean, std = float(eval_returns.mean()), float(eval_returns.std())
         print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
         summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0}
-        return summary | {
-            "wall_time": time.time() - start_time,
-            "final_eval_return": mean,
-            "final_eval_std": std,
-            "best_eval_return": mean,
-        }
+        final = {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
+        return summary | final | {"wall_time": time.time() - start_time}
     args, agent, optimizers, writer = run.args, run.agent, run.optimizers, run.writer
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
@@ -846,8 +728,8 @@ def train(args: Args) -> dict:
     next_obs = torch.as_tensor(run.obs_rms.normalize(raw_obs))
     final_step = num_iterations * batch_size
     if run.iteration > 0:
-        print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; ", end="")
-        print(f"training to step {final_step}")
+        resuming = f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters"
+        print(f"{resuming}; training to step {final_step}")
     elif final_step != args.total_timesteps:
         rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
         print(f"training to step {final_step}: {rounded}")
@@ -859,7 +741,7 @@ def train(args: Args) -> dict:
         for iteration in range(run.iteration + 1, num_iterations + 1):
             tick = time.time()
             if args.anneal_lr:
-                lr_scale = learning_rate_scale(iteration, num_iterations, batch_size, args.lr_horizon, args.lr_cooldown)
+                lr_scale = learning_rate_scale(iteration, num_iterations, batch_size, args.lr_horizon)
                 for group, lr in zip(optimizers["model"].param_groups, (args.policy_lr, args.value_lr), strict=True):
                     group["lr"] = lr * lr_scale
 
@@ -874,9 +756,8 @@ def train(args: Args) -> dict:
             # ---- advantages and value targets
             with torch.inference_mode():  # row t+1 holds s_{t+1}; the observation after the rollout bootstraps the last row
                 next_values = torch.cat([rollout.values[1:], acting_agent.value(next_obs).unsqueeze(0)], 0)
-            gae_lambda = ESTIMATOR_LAMBDA.get(args.advantage_estimator, args.gae_lambda)
             target_inputs = (rollout.rewards, rollout.values, next_values, rollout.terminated, rollout.truncated)
-            advantages, returns = compute_gae(*target_inputs, args.gamma, gae_lambda)
+            advantages, returns = compute_gae(*target_inputs, args.gamma, args.gae_lambda)
             batch = rollout.batch(advantages, returns, run.device)
 
             # ---- update
@@ -924,19 +805,15 @@ def train(args: Args) -> dict:
     return summary | final
 
 
-def learning_rate_scale(iteration: int, num_iterations: int, batch_size: int, horizon: int, cooldown: float) -> float:
-    """The factor on the initial learning rates at iteration k (1-based). Linear over the budget by default; with a
-    horizon H, a decay in the steps already trained alone, so a run's first million steps do not depend on its total;
-    a cool-down f then takes the last fraction f of the run linearly to 0, so every budget ends on small steps."""
+def learning_rate_scale(iteration: int, num_iterations: int, batch_size: int, horizon: int) -> float:
+    """The factor on the initial learning rates at iteration k (1-based): with a horizon H > 0 (the default), a decay in
+    the steps already trained alone, so a run's first million steps do not depend on its total; with H = 0, linear over
+    the budget."""
     if horizon == 0:
         # LaTeX: \lambda_k = \lambda_0 \left(1 - \frac{k - 1}{K}\right)
         return 1.0 - (iteration - 1.0) / num_iterations
     # LaTeX: \lambda_k = \lambda_0 \frac{H}{H + (k - 1) B}, \quad B = \text{num\_envs} \cdot \text{num\_steps}
-    scale = horizon / (horizon + (iteration - 1.0) * batch_size)
-    if cooldown > 0:
-        # LaTeX: \lambda_k \leftarrow \lambda_k \min\left(1, \frac{1 - (k - 1) / K}{f}\right)
-        scale *= min(1.0, (1.0 - (iteration - 1.0) / num_iterations) / cooldown)
-    return scale
+    return horizon / (horizon + (iteration - 1.0) * batch_size)
 
 
 def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> None:
@@ -1046,9 +923,8 @@ def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = F
     return envs
 
 
-# EnvPool ports that are not the official task: under the same random actions (benchmarks/README.md, "EnvPool's
-# ports"), finger's touch sensors read about twice the official values and finger/spin pays a reward on a quarter as
-# many steps. "auto" trains these on gymnasium.
+# EnvPool ports that are not the official task (benchmarks/README.md, "EnvPool's ports"): under the same random actions,
+# finger's touch sensors read twice the official values, and spin pays a reward on a quarter as many steps. "auto" avoids them.
 ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")
 
 
@@ -1141,10 +1017,9 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
     if backend == "gymnasium":
         return make_vector_env(args, args.num_envs, seed)
     gym_id = resolve_env_id(args.env_id)
+    task_id, threads = envpool_task_id(gym_id), min(threads, args.num_envs)
     with gym.make(gym_id) as official:
-        envs = EnvPoolVectorEnv(
-            envpool_task_id(gym_id), official, args.num_envs, min(threads, args.num_envs), args.max_episode_steps
-        )
+        envs = EnvPoolVectorEnv(task_id, official, args.num_envs, threads, args.max_episode_steps)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     envs.action_space.seed(seed)
     return envs
@@ -1155,14 +1030,13 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
-    """One episode per eval env with the deterministic action E[squash(u)], then one with sampled actions from the
-    same starts, on the frozen normalizer; logs `eval/*` (the sampled return shows where the two policies part, the
-    episodes below 100 a walker that never gets up) and returns the deterministic returns."""
+    """One episode per eval env with the deterministic action E[clip(u)], then one sampled from the same starts, on the
+    frozen normalizer; logs `eval/*` (where the two policies part) and returns the deterministic returns."""
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
 
     def sampled_action(obs: torch.Tensor) -> torch.Tensor:
         mean, log_std = run.agent.policy(obs)
-        return run.agent.squash(mean + log_std.exp() * torch.randn(mean.shape, generator=noise, device=mean.device))
+        return run.agent.clip_action(mean + log_std.exp() * torch.randn(mean.shape, generator=noise, device=mean.device))
 
     returns, lengths = run_episodes(run, run.agent.deterministic_action, video_name)
     sampled_returns, _ = run_episodes(run, sampled_action)
@@ -1221,29 +1095,18 @@ def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> 
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
     if saved_on != device.type:
-        print(
-            f"note: {path} was written on {saved_on} and resumes on {device.type}: the same state, but the two devices "
-            "round floating point differently, so the run will not repeat an uninterrupted one bit for bit"
-        )
+        note = f"note: {path} was written on {saved_on} and resumes on {device.type}: the same state, but the two devices"
+        print(f"{note} round floating point differently, so the run will not repeat an uninterrupted one bit for bit")
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
     """`<script>_<kind>.pt` with the run's state at `run.global_step`; atomic: a temporary file renamed over it."""
     path = run.path(kind)
-    ckpt = {
-        "algo": SCRIPT,
-        "args": dataclasses.asdict(run.args),
-        "rng": rng_state(run.device),
-        "device": run.device.type,
-        "eval_return": run.last_eval,
-        "global_step": run.global_step,
-        "iteration": run.iteration,
-        "agent": run.agent.state_dict(),
-        "duals": run.duals.state_dict(),
-        "optimizers": {name: optimizer.state_dict() for name, optimizer in run.optimizers.items()},
-        "obs_rms": run.obs_rms.state_dict(),
-        "reward_rms": run.reward_scaler.rms.state_dict(),
-    }
+    ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "rng": rng_state(run.device), "device": run.device.type}
+    ckpt |= {"eval_return": run.last_eval, "global_step": run.global_step, "iteration": run.iteration}
+    ckpt |= {"agent": run.agent.state_dict(), "duals": run.duals.state_dict(), "obs_rms": run.obs_rms.state_dict()}
+    ckpt["optimizers"] = {name: optimizer.state_dict() for name, optimizer in run.optimizers.items()}
+    ckpt["reward_rms"] = run.reward_scaler.rms.state_dict()
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 
@@ -1260,6 +1123,10 @@ def load_checkpoint(path: str, flag: str) -> dict:
     if algo != SCRIPT:
         written_by = f"{algo}.py" if isinstance(algo, str) else "something else"
         raise ConfigError(f"{flag} {path!r} was written by {written_by}, not {SCRIPT}.py; load it with that script")
+    changed = sorted(set(ckpt["args"]) ^ {field.name for field in dataclasses.fields(Args)})
+    if changed:  # a version with other options: no silent default stands in for a setting the run had, or lacked
+        options = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
+        raise ConfigError(f"{flag} {path!r} was written by a {SCRIPT}.py with other options ({options}; see CHANGELOG.md)")
     return ckpt
 
 
@@ -1269,20 +1136,9 @@ RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_thr
 RUN_FIELDS += ["checkpoint", "eval_only", "resume"]
 
 
-# Settings that became defaults after checkpoints without them were written: those runs had them off.
-OFF_IN_OLDER_CHECKPOINTS = {
-    "reward_scaling": False,
-    "lr_horizon": 0,
-    "policy_family": "tanh",
-    "rpo_alpha": 0.0,
-    "clipped_likelihood": False,
-}
-
-
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
     saved = {k: tuple(v) if isinstance(v, list) else v for k, v in ckpt["args"].items() if k not in RUN_FIELDS}
-    saved = OFF_IN_OLDER_CHECKPOINTS | saved
-    return dataclasses.replace(args, **{k: v for k, v in saved.items() if k in Args.__dataclass_fields__})
+    return dataclasses.replace(args, **saved)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1298,24 +1154,17 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     positive = ("epsilon_eta", "epsilon_mu", "epsilon_sigma", "temperature_init", "alpha_init", "policy_lr", "value_lr")
     for name in (*positive, "temperature_lr", "alpha_lr", "max_grad_norm"):
         require(getattr(args, name) > 0, name, "> 0")
-    require(args.ent_coef >= 0, "ent_coef", ">= 0")
     require(args.rpo_alpha >= 0, "rpo_alpha", ">= 0 (0: no shift)")
-    require(args.target_kl is None or args.target_kl > 0, "target_kl", "> 0 (or left unset)")
     require(args.lr_horizon >= 0, "lr_horizon", ">= 0 (0: anneal over --total-timesteps)")
-    require(0 <= args.lr_cooldown <= 1, "lr_cooldown", "in [0, 1]")
-    if args.lr_cooldown > 0 and args.lr_horizon == 0:
-        raise ConfigError("--lr-cooldown needs --lr-horizon > 0 (the linear schedule already ends at 0)")
     for name in ("num_envs", "num_steps", "m_steps", "num_minibatches", "eval_episodes"):
         require(getattr(args, name) >= 1, name, ">= 1")
     for name in ("torch_threads", "eval_interval"):
         require(getattr(args, name) >= 0, name, ">= 0 (0: the default)")
     for name in ("gamma", "gae_lambda"):
         require(0.0 <= getattr(args, name) <= 1.0, name, "in [0, 1]")
-    require(0.0 <= args.sgd_momentum < 1.0, "sgd_momentum", "in [0, 1)")
     require(0.0 < args.topk_fraction <= 1.0, "topk_fraction", "in (0, 1]")
     require(0.0 < args.m_step_clip < 1.0, "m_step_clip", "in (0, 1)")
     require(args.max_episode_steps is None or args.max_episode_steps >= 1, "max_episode_steps", ">= 1")
-    require(args.log_std_min < args.log_std_max, "log_std_min", f"< --log-std-max ({args.log_std_max})")
     sizes = args.policy_hidden_sizes + args.value_hidden_sizes
     require(min(sizes, default=1) >= 1, "policy_hidden_sizes", "positive integers, as --value-hidden-sizes")
     batch = args.num_envs * args.num_steps

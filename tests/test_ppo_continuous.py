@@ -444,7 +444,6 @@ def test_ctrl_c_saves_checkpoint_and_resume_continues_like_an_uninterrupted_run(
 
 
 OPTIONS = [
-    dict(optimizer="sgd"),
     dict(clip_vloss=True),
     dict(target_kl=1e-7),
     dict(ent_coef=0.01),

@@ -54,7 +54,7 @@ NEAR_MISS = re.compile(r"^\s*#\s*latex\s*:", re.IGNORECASE)
 TITLES = {
     "ppo_discrete.py": "PPO for discrete actions",
     "ppo_continuous.py": "PPO for continuous actions (diagonal Gaussian)",
-    "vmpo_continuous.py": "V-MPO for continuous actions (Gaussian clipped by the env, or tanh-squashed)",
+    "vmpo_continuous.py": "V-MPO for continuous actions (a Gaussian clipped by the env)",
 }
 
 # Where the papers' symbols differ from the formulas and code here: per script, rows of
