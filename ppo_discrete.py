@@ -750,6 +750,8 @@ def check_args(args: Args) -> None:
 
 
 if __name__ == "__main__":
+    # MKL's strict mode, read at its first call: products sum in one order on any thread count (importing sets nothing)
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
     try:
         summary = train(tyro.cli(Args))
     except (ConfigError, TrainingDiverged) as e:

@@ -544,8 +544,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     fields["selected"], fields["restarting"] = estep["selected_weights"], restarting
 
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
-    n = len(restarting)
-    size = n // args.num_minibatches
+    n, size = len(restarting), len(restarting) // args.num_minibatches
     for step in range(args.m_steps):
         if step % args.num_minibatches == 0:  # a fresh shuffle for each pass over the batch
             # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
@@ -582,8 +581,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         stats["losses/entropy"] = masked_mean(gaussian_entropy(log_std), mb["selected"])
         stats["losses/clipfrac"] = masked_mean(((ratio - 1.0).abs() > args.m_step_clip).float(), valid)
         stats["kl/mu"], stats["kl/sigma"] = masked_mean(losses["kl_mu_t"], valid), masked_mean(losses["kl_sigma_t"], valid)
-        stats["vmpo/alpha_mu"], stats["vmpo/alpha_sigma"] = alpha_mu, alpha_sigma
-        stats["vmpo/temperature"] = duals.temperature()
+        stats |= {"vmpo/alpha_mu": alpha_mu, "vmpo/alpha_sigma": alpha_sigma, "vmpo/temperature": duals.temperature()}
         stats["vmpo/ess"] = 1.0 / (estep["weights"] ** 2).sum()  # effective sample size of the E-step weights
         stats["vmpo/kl_weights"] = estep["kl"]  # the constraint the temperature's dual holds at epsilon_eta
     stats = {k: float(x.detach()) for k, x in stats.items()}
@@ -1189,6 +1187,8 @@ def check_args(args: Args, gl_backend: str | None) -> None:
 
 
 if __name__ == "__main__":
+    # MKL's strict mode, read at its first call: products sum in one order on any thread count (importing sets nothing)
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
     try:
         summary = train(tyro.cli(Args))
     except (ConfigError, TrainingDiverged) as e:

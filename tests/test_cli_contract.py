@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -465,10 +466,9 @@ INITIAL_WEIGHTS = (
 
 @pytest.mark.parametrize("name", NAMES)
 def test_same_seed_same_weights_under_one_and_two_threads(name, tmp_path):
-    """The initial weights under the defaults, and the checkpoint of a short run with a one-thread update (the
-    default update uses every core, and a product's sums then depend on the thread count: the README says so)."""
+    """The initial weights, and the checkpoint of a short run whose update uses every thread it is given: the command
+    line puts MKL in its strict mode, so a product's sums do not depend on the thread count."""
     env = "CartPole-v1" if name == "ppo_discrete" else "dm_control/cartpole/balance"  # EnvPool for the continuous ones
-    one_thread_update = [] if name == "ppo_discrete" else ["--torch-threads", "1"]
     initial, trained = {}, {}
     for threads in ("1", "2"):
         out = tmp_path / threads
@@ -477,14 +477,37 @@ def test_same_seed_same_weights_under_one_and_two_threads(name, tmp_path):
                        env={"OMP_NUM_THREADS": threads})  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         initial[threads] = torch.load(tmp_path / f"init{threads}.pt", weights_only=True)
-        proc = run_cli(f"{name}.py", [*cli, "--output-dir", str(out / "trained"), *one_thread_update],
-                       env={"OMP_NUM_THREADS": threads})  # fmt: skip
+        proc = run_cli(f"{name}.py", [*cli, "--output-dir", str(out / "trained")], env={"OMP_NUM_THREADS": threads})
         assert proc.returncode == 0, proc.stderr[-3000:]
         trained[threads] = torch.load(single_run_dir(out / "trained") / f"{name}_last.pt", weights_only=True)["agent"]
     for key in initial["1"]:
         assert torch.equal(initial["1"][key], initial["2"][key]), f"initial {key}"
         assert torch.equal(trained["1"][key], trained["2"][key]), f"trained {key}"
     assert not torch.equal(initial["1"][key], trained["1"][key])  # and training moved them
+
+
+HEAD_GRADIENT = (
+    "import sys, torch; torch.set_num_threads(int(sys.argv[1])); torch.manual_seed(0); "
+    "net = torch.nn.Sequential(torch.nn.Linear(24, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(), "
+    "torch.nn.Linear(64, 6)); x, y = torch.randn(256, 24), torch.randn(256, 6); ((net(x) - y) ** 2).mean().backward(); "
+    "torch.save([p.grad for p in net.parameters()], sys.argv[2])"
+)
+
+
+def test_the_mkl_mode_of_the_command_lines_makes_a_backward_pass_thread_count_invariant(tmp_path):
+    """The mechanism under the test above: MKL splits the sum over the batch of a small gradient (a 6x64 policy head's,
+    here) across threads, so its rounding depends on the thread count on some CPUs (AVX-512 ones); its strict mode, which
+    every script's command line sets, fixes the order. One backward pass under one thread and two, bitwise equal."""
+    found = [re.search(r'os\.environ\.setdefault\("MKL_CBWR", "([^"]+)"\)', (ROOT / f"{n}.py").read_text()) for n in NAMES]
+    assert all(found) and len({m[1] for m in found}) == 1, "every script sets one MKL_CBWR in its __main__ block"
+    grads = []
+    for threads in ("1", "2"):
+        path = tmp_path / f"{threads}.pt"
+        env = {"OMP_NUM_THREADS": threads, "MKL_CBWR": found[0][1]}
+        proc = run_cli("-c", [HEAD_GRADIENT, threads, str(path)], cwd=ROOT, script_dir=Path(""), env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        grads.append(torch.load(path, weights_only=True))
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
 
 
 @pytest.mark.parametrize("name", NAMES)
