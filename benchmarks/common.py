@@ -96,7 +96,14 @@ SUITES = {
         "dm_control/finger/spin": "500k",
         "dm_control/ball_in_cup/catch": "500k",
         "dm_control/hopper/stand": "500k",
-    }
+    },
+    # Gymnasium's MuJoCo tasks (issue 48): where most users start, with rewards that charge the action's size and
+    # episodes that end when the body falls.
+    "mujoco": {
+        env: "1M"
+        for env in ("Ant-v5", "HalfCheetah-v5", "Hopper-v5", "Humanoid-v5", "InvertedDoublePendulum-v5", "Pusher-v5")
+        + ("Reacher-v5", "Swimmer-v5")
+    },
 }
 
 # The widely used PPO (CleanRL's ppo_continuous_action.py, its defaults) at the suite's budgets: the mean
@@ -122,15 +129,40 @@ BAR_RETURNS = {
     ("dm_control/walker/walk", 3_000_000): 808.3,
     ("dm_control/finger/spin", 3_000_000): 896.2,
 }
+# Gymnasium MuJoCo at 1M (issue 48's bars): the widely used PPO's published figures (1M where it has one, else 8M;
+# InvertedDoublePendulum: 7,350; Swimmer: 100), benchmarks/results/reference.md. report.py scores a run on these as
+# (return - random) / (bar - random), the random policy's return measured by random_returns.py.
+MUJOCO_BARS = {
+    ("Ant-v5", 1_000_000): 1824.2,
+    ("HalfCheetah-v5", 1_000_000): 1442.6,
+    ("Hopper-v5", 1_000_000): 2382.9,
+    ("Humanoid-v5", 1_000_000): 716.1,
+    ("InvertedDoublePendulum-v5", 1_000_000): 7350.0,
+    ("Pusher-v5", 1_000_000): -40.4,
+    ("Reacher-v5", 1_000_000): -4.65,
+    ("Swimmer-v5", 1_000_000): 100.0,
+}
+RANDOM_RETURNS_CSV = ROOT / "benchmarks" / "results" / "random_returns.csv"
+RANDOM_FIELDS = ("env", "episodes", "seed", "return_mean", "return_std")
+
+
+def random_returns(path: Path = RANDOM_RETURNS_CSV) -> dict[str, float]:
+    """env -> the mean return of a uniformly random policy (random_returns.py); empty where none was measured."""
+    return {row["env"]: float(row["return_mean"]) for row in read_csv(Path(path))[1]}
+
+
 # RPO (CleanRL's rpo_continuous_action.py, its defaults) measured here on the flagship task: the final deterministic
 # evaluation of each seed (benchmarks/results/reference.md). report.py marks them beside the defaults' curves.
 FLAGSHIP_ENV = "dm_control/walker/walk"
 RPO_FLAGSHIP = {1_000_000: (546.5, 539.9), 3_000_000: (808.3,)}
-# The two suites the aggregate is computed over: the short suite's five tasks with a bar, the long suite's two.
+# The suites the aggregate is computed over: the short suite's five tasks with a bar, the long suite's two, the eight
+# MuJoCo tasks, and the short and MuJoCo suites together (a default must serve both).
 AGGREGATE_SUITES = {
     "short": [k for k in BAR_RETURNS if k[1] <= 1_000_000],
     "long": [k for k in BAR_RETURNS if k[1] == 3_000_000],
+    "mujoco": list(MUJOCO_BARS),
 }
+AGGREGATE_SUITES["short+mujoco"] = AGGREGATE_SUITES["short"] + AGGREGATE_SUITES["mujoco"]  # one default for both suites
 
 # CleanRL's published means at 8M steps, (PPO, RPO), 10 seeds, training-episode returns: benchmarks/results/reference.md.
 PUBLISHED_8M = {

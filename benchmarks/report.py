@@ -9,7 +9,9 @@ final evaluation; and `<out>/curves_<env>.png` per env: eval return against
 env steps and against wall time, one line per algo/tag (mean over seeds, min-max band).
 
 Then the aggregate, per suite (`common.AGGREGATE_SUITES`) and per algo/tag that ran every task of it: each run's final
-evaluation divided by its task's bar (`common.BAR_RETURNS`, the better of RPO and the widely used PPO), the
+evaluation divided by its task's bar (`common.BAR_RETURNS`, the better of RPO and the widely used PPO; on the MuJoCo
+tasks, `common.MUJOCO_BARS`, the score is (return - random) / (bar - random) with the random policy's return from
+`benchmarks/results/random_returns.csv`, written by `random_returns.py`), the
 interquartile mean over runs with a 95% stratified bootstrap interval (rliable, 2000 resamples), and
 `<out>/profile_<suite>.png`, the performance profile (the fraction of runs scoring above tau times the bar). A config
 enters with the same number of seeds on every task: the first n seeds of each, n the fewest it has on any task.
@@ -112,11 +114,18 @@ def final_returns(groups: dict, suite: list[tuple[str, int]]) -> dict[str, np.nd
 
 
 def normalized_scores(groups: dict, suite: list[tuple[str, int]], bars: dict | None = None) -> dict[str, np.ndarray]:
-    """'algo [tag]' -> (seeds, tasks) final evaluations over the bar (`bars`, by default `common.BAR_RETURNS`), for the
-    configs that ran every task of `suite`."""
-    bars = common.BAR_RETURNS if bars is None else bars
-    divisor = np.array([bars[task] for task in suite])
-    return {name: x / divisor for name, x in final_returns(groups, suite).items()}
+    """'algo [tag]' -> (seeds, tasks) normalized final evaluations, for the configs that ran every task of `suite`: over
+    the bar (`bars`, by default `common.BAR_RETURNS` and `common.MUJOCO_BARS`) on the control suite, whose random
+    returns are near 0; from the random policy's return to the bar on the MuJoCo tasks, whose random returns are not."""
+    bars = {**common.BAR_RETURNS, **common.MUJOCO_BARS} if bars is None else bars
+    measured = common.random_returns()
+    missing = [env for env, budget in suite if (env, budget) in common.MUJOCO_BARS and env not in measured]
+    if missing:
+        raise common.BenchmarkError(f"no random-policy return for {', '.join(missing)}: run benchmarks/random_returns.py")
+    # score = (R - R_random) / (R_bar - R_random), R_random = 0 on the control suite
+    zero = np.array([measured[env] if (env, budget) in common.MUJOCO_BARS else 0.0 for env, budget in suite])
+    bar = np.array([bars[task] for task in suite])
+    return {name: (x - zero) / (bar - zero) for name, x in final_returns(groups, suite).items()}
 
 
 def aggregate_cells(suite_name: str, scores: dict[str, np.ndarray], reps: int) -> dict[str, list[str]]:

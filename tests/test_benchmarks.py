@@ -416,3 +416,44 @@ def test_envpool_ports_compares_each_task_with_the_official_one():
     assert "no EnvPool port" in pendulum
     proc = bench("envpool_ports.py")
     assert proc.returncode == 1 and proc.stderr.strip() == "error: give dm_control env ids or --all"
+
+
+def test_random_returns_is_the_mean_return_of_uniform_actions(tmp_path):
+    """Probe 4 pays 1 - (a - 0.5)^2: under a ~ U(-1, 1) its expected return is 1 - (1/3 + 1/4). A second measurement of
+    the same env replaces its row."""
+    out = tmp_path / "random.csv"
+    for episodes in ("10", "4000"):
+        proc = bench("random_returns.py", "--env", "Probe4Continuous-v0", "--episodes", episodes, "--out", out)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = read_csv(out)
+    assert row["env"] == "Probe4Continuous-v0" and row["episodes"] == "4000"
+    assert float(row["return_mean"]) == pytest.approx(1 - (1 / 3 + 1 / 4), abs=0.04)  # 4 standard errors
+    proc = bench("random_returns.py", "--episodes", "3", "--out", out)
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: give --env ENV [ENV ...] or --suite NAME"
+
+
+def test_report_scores_the_mujoco_suite_from_the_random_return_to_the_bar(tmp_path, monkeypatch):
+    """Each MuJoCo run scores (return - random) / (bar - random), the random returns the committed ones; the joint
+    suite takes the short suite's return / bar beside them."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import common
+
+    random = common.random_returns()
+    lines, mujoco, short = [], [], []
+    for t, ((env, budget), bar) in enumerate(common.MUJOCO_BARS.items()):
+        for seed in (1, 2):
+            final = random[env] + (bar - random[env]) * (0.3 + 0.2 * seed + 0.05 * t)
+            lines += run_lines("vmpo_continuous", "A", env, seed, budget, final)
+            mujoco.append((final - random[env]) / (bar - random[env]))
+    for task, (budget, bar) in SHORT.items():
+        for seed in (1, 2):
+            lines += run_lines("vmpo_continuous", "A", f"dm_control/{task}", seed, budget, bar * (0.6 + 0.3 * seed))
+            short.append(0.6 + 0.3 * seed)
+    (tmp_path / "m.csv").write_text(RESULT_HEADER + "".join(lines))
+    proc = bench("report.py", tmp_path / "m.csv", "--out", tmp_path / "report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    md = (tmp_path / "report" / "results.md").read_text()
+    for suite, scores in (("mujoco", mujoco), ("short+mujoco", mujoco + short)):
+        (row,) = [line for line in md.splitlines() if line.startswith(f"| {suite} |")]
+        cells = row.strip("| ").split(" | ")
+        assert cells[3:5] == ["2", str(len(scores))] and float(cells[6]) == pytest.approx(np.mean(scores), abs=1e-3)
