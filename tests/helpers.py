@@ -20,8 +20,10 @@ GL_VARIABLES = {name: os.environ.get(name) for name in ("MUJOCO_GL", "PYOPENGL_P
 
 
 def script_env(extra: dict | None = None) -> dict:
-    """os.environ with the session's own rendering variables, unbuffered output, and ``extra``."""
+    """os.environ with the session's own rendering and MKL variables, unbuffered output, and ``extra``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if env.pop("TESTS_MKL_CBWR_FROM_CONFTEST", None):  # conftest's MKL mode, not the session's: each script sets its own
+        env.pop("MKL_CBWR", None)
     for name, value in GL_VARIABLES.items():
         env.pop(name, None)
         if value is not None:
