@@ -85,6 +85,20 @@ def reject_managed(extra: Sequence[str], managed: Iterable[str], tool: str) -> N
             raise BenchmarkError(f"{flag} is set by {tool}; pass it to {tool} itself, not after `--`")
 
 
+# Gymnasium MuJoCo at 1M (issue 48's bars): the widely used PPO's published figures (1M where it has one, else 8M;
+# InvertedDoublePendulum: 7,350; Swimmer: 100), benchmarks/results/reference.md. report.py scores a run on these as
+# (return - random) / (bar - random), the random policy's return measured by random_returns.py.
+MUJOCO_BARS = {
+    ("Ant-v5", 1_000_000): 1824.2,
+    ("HalfCheetah-v5", 1_000_000): 1442.6,
+    ("Hopper-v5", 1_000_000): 2382.9,
+    ("Humanoid-v5", 1_000_000): 716.1,
+    ("InvertedDoublePendulum-v5", 1_000_000): 7350.0,
+    ("Pusher-v5", 1_000_000): -40.4,
+    ("Reacher-v5", 1_000_000): -4.65,
+    ("Swimmer-v5", 1_000_000): 100.0,
+}
+
 # Named grids of envs and budgets (`run.py --suite`, `tune.py --suite`). `control`: the reference tasks of
 # benchmarks/results/reference.md at their budgets, and three tasks the defaults were not tuned on (finger/spin and
 # ball_in_cup/catch have reference figures at 500k; hopper/stand has none), so that no single task decides the defaults.
@@ -99,11 +113,7 @@ SUITES = {
     },
     # Gymnasium's MuJoCo tasks (issue 48): where most users start, with rewards that charge the action's size and
     # episodes that end when the body falls.
-    "mujoco": {
-        env: "1M"
-        for env in ("Ant-v5", "HalfCheetah-v5", "Hopper-v5", "Humanoid-v5", "InvertedDoublePendulum-v5", "Pusher-v5")
-        + ("Reacher-v5", "Swimmer-v5")
-    },
+    "mujoco": {env: str(budget) for env, budget in MUJOCO_BARS},
 }
 
 # The widely used PPO (CleanRL's ppo_continuous_action.py, its defaults) at the suite's budgets: the mean
@@ -128,19 +138,6 @@ BAR_RETURNS = {
     ("dm_control/ball_in_cup/catch", 500_000): 619.9,
     ("dm_control/walker/walk", 3_000_000): 808.3,
     ("dm_control/finger/spin", 3_000_000): 896.2,
-}
-# Gymnasium MuJoCo at 1M (issue 48's bars): the widely used PPO's published figures (1M where it has one, else 8M;
-# InvertedDoublePendulum: 7,350; Swimmer: 100), benchmarks/results/reference.md. report.py scores a run on these as
-# (return - random) / (bar - random), the random policy's return measured by random_returns.py.
-MUJOCO_BARS = {
-    ("Ant-v5", 1_000_000): 1824.2,
-    ("HalfCheetah-v5", 1_000_000): 1442.6,
-    ("Hopper-v5", 1_000_000): 2382.9,
-    ("Humanoid-v5", 1_000_000): 716.1,
-    ("InvertedDoublePendulum-v5", 1_000_000): 7350.0,
-    ("Pusher-v5", 1_000_000): -40.4,
-    ("Reacher-v5", 1_000_000): -4.65,
-    ("Swimmer-v5", 1_000_000): 100.0,
 }
 RANDOM_RETURNS_CSV = ROOT / "benchmarks" / "results" / "random_returns.csv"
 RANDOM_FIELDS = ("env", "episodes", "seed", "return_mean", "return_std")
