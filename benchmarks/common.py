@@ -29,7 +29,11 @@ DEFAULT_TAG = "default"
 # TensorBoard event (the script opening its writer), so it includes the evaluations.
 # train_return: the mean return of the last 10 training episodes that ended by the evaluation's step (the measure of
 # published training curves), empty when none had ended or in rows written before the column existed.
-RESULT_FIELDS = ("algo", "tag", "env", "seed", "budget", "step", "wall_time", "eval_return", "eval_std", "train_return")
+RESULT_FIELDS = (
+    *("algo", "tag", "env", "seed", "budget", "step", "wall_time", "eval_return", "eval_std", "train_return"),
+    *("backend", "cpu"),  # where the run trained: its resolved --env-backend and the machine's CPU model
+)
+NEWER_RESULT_FIELDS = ("train_return", "backend", "cpu")  # older results files lack them; read as unknown
 TRAIN_EPISODES = 10
 RUN_KEY = ("algo", "tag", "env", "seed", "budget")  # the columns naming one run
 
@@ -266,13 +270,14 @@ def write_rows(path: Path, fields: Sequence[str], rows: Sequence[dict], replace:
     path = Path(path)
     with locked(path):
         header, old = read_csv(path)
-        if header and header != list(fields):
+        if header and [f for f in fields if f in header] != header:
             raise BenchmarkError(f"{path} has columns {header}, expected {list(fields)}; write to a new file")
+        # A file written before some trailing columns existed gains them, empty (unknown) in its old rows.
         if replace:
             old = [r for r in old if any(r[k] != str(v) for k, v in replace.items())]
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(fields))
+            writer = csv.DictWriter(f, fieldnames=list(fields), restval="")
             writer.writeheader()
             writer.writerows(old)
             writer.writerows({k: row[k] for k in fields} for row in rows)
@@ -286,7 +291,7 @@ def read_results(paths: Iterable[Path]) -> list[dict]:
         header, raw = read_csv(Path(path))
         if not header:
             raise BenchmarkError(f"{path}: no such results file (or it is empty)")
-        missing = [f for f in RESULT_FIELDS if f not in header and f != "train_return"]  # optional: older files lack it
+        missing = [f for f in RESULT_FIELDS if f not in header and f not in NEWER_RESULT_FIELDS]
         if missing:
             raise BenchmarkError(f"{path}: not a results CSV, missing columns {missing}")
         for r in raw:
@@ -347,6 +352,32 @@ class EvalReader:
             for e in sorted(acc.Scalars("eval/return_mean"), key=lambda e: e.wall_time)
         }
         return [by_step[s] for s in sorted(by_step)]
+
+
+def read_hyperparameters(run_dir: Path) -> dict[str, str]:
+    """The `hyperparameters` table every script writes to TensorBoard at its start (values as text), e.g. the resolved
+    env_backend; empty when the run wrote none."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    if "hyperparameters/text_summary" not in acc.Tags()["tensors"]:
+        return {}
+    text = acc.Tensors("hyperparameters/text_summary")[-1].tensor_proto.string_val[0].decode()
+    cells = (line.strip("|").split("|", 1) for line in text.splitlines() if line.startswith("|"))
+    return {key: value for key, value in cells if key not in ("param", "-")}
+
+
+def cpu_model() -> str:
+    """This machine's CPU model as the OS names it (Linux's /proc/cpuinfo, else platform), for the results' `cpu` column."""
+    import platform
+
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def read_eval_curve(run_dir: Path) -> list[dict]:

@@ -6,7 +6,8 @@ r"""Run one algorithm script over a grid of env ids x seeds at a step budget, in
 Each run is the script's real command line in its own process (`--jobs`, default one per
 core), with its own `--output-dir`. When it finishes, its evaluations are read back from
 the TensorBoard events (`eval/return_mean`, `eval/return_std`) and written to the CSV, one
-row per evaluation (columns in `common.RESULT_FIELDS`), and the run is marked done.
+row per evaluation (columns in `common.RESULT_FIELDS`: with the training backend and the CPU model, so a figure
+can be traced to where it was made), and the run is marked done.
 
 Resumable: the same command again skips finished runs; a run that was killed halfway
 (no done marker) is deleted and redone, and its rows replace any it left in the CSV.
@@ -119,6 +120,8 @@ class Runner:
         curve = common.read_eval_curve(run_dirs[-1]) if run_dirs else []
         if not curve:
             raise common.BenchmarkError(f"{run}: no eval/return_mean in the TensorBoard events under {run.dir / 'tb'}")
+        # A script without --env-backend (ppo_discrete.py) steps gymnasium's envs.
+        backend = common.read_hyperparameters(run_dirs[-1]).get("env_backend", "gymnasium")
         rows = [
             {
                 **run.key,
@@ -127,6 +130,8 @@ class Runner:
                 "eval_return": round(p["eval_return"], 4),
                 "eval_std": round(p["eval_std"], 4),
                 "train_return": "" if math.isnan(p["train_return"]) else round(p["train_return"], 4),
+                "backend": backend,
+                "cpu": common.cpu_model(),
             }
             for p in curve
         ]

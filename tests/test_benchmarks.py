@@ -9,6 +9,7 @@ import json
 import pstats
 import re
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,7 +70,12 @@ def test_runner_writes_one_row_per_evaluation(grid):
     out, _, runs = grid
     rows = read_csv(out)
     fields = ["algo", "tag", "env", "seed", "budget", "step", "wall_time", "eval_return", "eval_std", "train_return"]
-    assert list(rows[0]) == fields
+    assert list(rows[0]) == [*fields, "backend", "cpu"]
+    assert {r["backend"] for r in rows} == {"gymnasium"}  # ppo_discrete.py has no --env-backend: gymnasium's envs
+    cpus = {r["cpu"] for r in rows}
+    assert len(cpus) == 1 and cpus.pop(), cpus
+    if (cpuinfo := Path("/proc/cpuinfo")).exists():
+        assert re.search(rf"^model name\s*: {re.escape(rows[0]['cpu'])}$", cpuinfo.read_text(), re.M)
     for seed, run in runs.items():
         mine = [r for r in rows if r["seed"] == str(seed)]
         assert {(r["algo"], r["tag"], r["env"], r["budget"]) for r in mine} == {("ppo_discrete", TAG, "CartPole-v1", "2048")}
@@ -83,6 +89,45 @@ def test_runner_writes_one_row_per_evaluation(grid):
         walls = [float(r["wall_time"]) for r in mine]
         assert 0 < walls[0] < walls[1] < json.loads((run / "done.json").read_text())["seconds"]
     assert len(rows) == 4
+
+
+@pytest.fixture
+def common(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import common
+
+    return common
+
+
+def test_runner_reads_the_runs_hyperparameters_back(grid, common):
+    _, _, runs = grid
+    for seed, run in runs.items():
+        table = common.read_hyperparameters(single_run_dir(run / "tb"))
+        assert (table["seed"], table["total_timesteps"], table["env_id"]) == (str(seed), str(BUDGET), "CartPole-v1")
+        assert "env_backend" not in table  # what run.py's backend column falls back from
+
+
+def test_results_file_of_an_older_version_gains_the_new_columns_empty(tmp_path, common):
+    path = tmp_path / "old.csv"
+    path.write_text(RESULT_HEADER.strip() + ",train_return\n" + "ppo_continuous,defaults,Ant-v5,1,100,100,5,-3.5,1,-4\n")
+    new = dict(
+        zip(
+            common.RESULT_FIELDS,
+            ["vmpo_continuous", "defaults", "Ant-v5", 1, 100, 100, 6, 2.5, 1, 2, "envpool", "X"],
+            strict=True,
+        )
+    )
+    common.write_rows(path, common.RESULT_FIELDS, [new])
+    rows = read_csv(path)
+    assert list(rows[0]) == list(common.RESULT_FIELDS)
+    assert [(r["algo"], r["eval_return"], r["train_return"], r["backend"], r["cpu"]) for r in rows] == [
+        ("ppo_continuous", "-3.5", "-4", "", ""),
+        ("vmpo_continuous", "2.5", "2", "envpool", "X"),
+    ]
+    path.write_text("algo,return\nppo_continuous,1\n")  # not an older results file: refused, unchanged
+    with pytest.raises(common.BenchmarkError, match="has columns"):
+        common.write_rows(path, common.RESULT_FIELDS, [new])
+    assert path.read_text() == "algo,return\nppo_continuous,1\n"
 
 
 def test_runner_resumes_and_redoes_an_unfinished_run(grid):
