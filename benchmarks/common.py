@@ -218,7 +218,15 @@ def config_tag(tag: str | None, extra: Sequence[str]) -> str:
     """The label of a config in the results: ``--tag`` if given, else the pass-through args, else 'default'."""
     if tag:
         return tag
-    return " ".join(a.lstrip("-") for a in extra) if extra else DEFAULT_TAG
+
+    def label(arg: str) -> str:
+        try:
+            float(arg)
+        except ValueError:
+            return arg.lstrip("-")  # an option: its dashes dropped
+        return arg  # a number: a negative one keeps its sign, so -0.5 and 0.5 name two configs
+
+    return " ".join(label(a) for a in extra) if extra else DEFAULT_TAG
 
 
 def slug(text: str) -> str:

@@ -107,6 +107,13 @@ def test_runner_reads_the_runs_hyperparameters_back(grid, common):
         assert "env_backend" not in table  # what run.py's backend column falls back from
 
 
+def test_config_tag_names_options_without_dashes_and_keeps_a_numbers_sign(common):
+    assert common.config_tag(None, ["--init-log-std", "-0.5", "--no-norm-obs"]) == "init-log-std -0.5 no-norm-obs"
+    assert common.config_tag(None, ["--init-log-std", "-0.5"]) != common.config_tag(None, ["--init-log-std", "0.5"])
+    assert common.config_tag("mine", ["--rpo-alpha", "0"]) == "mine"
+    assert common.config_tag(None, []) == common.DEFAULT_TAG
+
+
 def test_results_file_of_an_older_version_gains_the_new_columns_empty(tmp_path, common):
     path = tmp_path / "old.csv"
     path.write_text(RESULT_HEADER.strip() + ",train_return\n" + "ppo_continuous,defaults,Ant-v5,1,100,100,5,-3.5,1,-4\n")
