@@ -280,7 +280,7 @@ def write_rows(path: Path, fields: Sequence[str], rows: Sequence[dict], replace:
         header, old = read_csv(path)
         if header and [f for f in fields if f in header] != header:
             raise BenchmarkError(f"{path} has columns {header}, expected {list(fields)}; write to a new file")
-        # A file written before some trailing columns existed gains them, empty (unknown) in its old rows.
+        # A file written before some of the columns existed gains them, empty (unknown) in its old rows.
         if replace:
             old = [r for r in old if any(r[k] != str(v) for k, v in replace.items())]
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -122,6 +122,7 @@ class Runner:
             raise common.BenchmarkError(f"{run}: no eval/return_mean in the TensorBoard events under {run.dir / 'tb'}")
         # A script without --env-backend (ppo_discrete.py) steps gymnasium's envs.
         backend = common.read_hyperparameters(run_dirs[-1]).get("env_backend", "gymnasium")
+        cpu = common.cpu_model()
         rows = [
             {
                 **run.key,
@@ -131,7 +132,7 @@ class Runner:
                 "eval_std": round(p["eval_std"], 4),
                 "train_return": "" if math.isnan(p["train_return"]) else round(p["train_return"], 4),
                 "backend": backend,
-                "cpu": common.cpu_model(),
+                "cpu": cpu,
             }
             for p in curve
         ]

@@ -93,6 +93,7 @@ def test_runner_writes_one_row_per_evaluation(grid):
 
 @pytest.fixture
 def common(monkeypatch):
+    """benchmarks/common.py, imported with benchmarks/ on sys.path for this test (so report.py imports too)."""
     monkeypatch.syspath_prepend(str(BENCH))
     import common
 
@@ -343,7 +344,7 @@ def test_report_table22_over_the_published_8m_figures(tmp_path):
     assert image.shape[1] >= 700 and image[..., :3].std() > 0.05
 
 
-def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path, monkeypatch):
+def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path, common):
     """flagship.png shows the walker/walk runs tagged `defaults` of each script at each budget, and nothing else."""
     walker, lines = "dm_control/walker/walk", []
     drawn = {("ppo_continuous", 1_000_000), ("vmpo_continuous", 1_000_000), ("vmpo_continuous", 3_000_000)}
@@ -355,9 +356,7 @@ def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path, monkeypatch):
     (tmp_path / "f.csv").write_text(RESULT_HEADER + "".join(lines))
     proc = bench("report.py", tmp_path / "f.csv", "--out", tmp_path / "report")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    monkeypatch.syspath_prepend(str(BENCH))
-    import common
-    import report
+    import report  # on the path with common
 
     groups = report.flagship_groups(report.group_runs(common.read_results([tmp_path / "f.csv"])))
     assert {(algo, budget) for _, algo, _, budget in groups} == drawn
@@ -484,12 +483,9 @@ def test_random_returns_is_the_mean_return_of_uniform_actions(tmp_path):
     assert proc.returncode == 1 and proc.stderr.strip() == "error: give --env ENV [ENV ...] or --suite NAME"
 
 
-def test_report_scores_the_mujoco_suite_from_the_random_return_to_the_bar(tmp_path, monkeypatch):
+def test_report_scores_the_mujoco_suite_from_the_random_return_to_the_bar(tmp_path, common):
     """Each MuJoCo run scores (return - random) / (bar - random), the random returns the committed ones; the joint
     suite takes the short suite's return / bar beside them."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    import common
-
     random = common.random_returns()
     lines, mujoco, short = [], [], []
     for t, ((env, budget), bar) in enumerate(common.MUJOCO_BARS.items()):
