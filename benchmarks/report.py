@@ -2,7 +2,8 @@
 
     python benchmarks/report.py benchmarks/results/{ppo_discrete,ppo_continuous,vmpo_continuous}.csv --out benchmarks/results/
 
-Writes `<out>/results.md` (also printed) with one row per algo/tag x env: the final
+Writes `<out>/results.md` (also printed) with one row per algo/tag x env (runs on the seeds that chose nothing,
+`common.FRESH_SEEDS_FROM` and above, in a row of their own, "<tag> (fresh seeds)"): the final
 evaluation return as mean ± std over seeds (population std, ddof=0), each seed's value,
 the steps, the mean wall time and the mean training return of the last 10 episodes before the
 final evaluation; and `<out>/curves_<env>.png` per env: eval return against
@@ -21,7 +22,7 @@ return as the bar (`common.PUBLISHED_8M`), `<out>/profile_table22.png`, and per 
 final return over those seeds is at or above the published PPO 8M return (e.g. 13/22).
 
 Last, `<out>/flagship.png` when some script has `defaults` rows on the flagship task (`common.FLAGSHIP_ENV`): those
-configs' curves alone, one line per script and budget, with RPO's measured final evaluations (`common.RPO_FLAGSHIP`)
+configs' curves alone, one line per script and budget (its fresh seeds where it has them), with RPO's measured final evaluations (`common.RPO_FLAGSHIP`)
 as points, for the README.
 """
 
@@ -44,11 +45,16 @@ TABLE_HEADER = (
 )
 
 
+FRESH = " (fresh seeds)"
+
+
 def group_runs(rows: list[dict]) -> dict[tuple, dict[int, list[dict]]]:
-    """(env, algo, tag, budget) -> {seed: that run's evaluations sorted by step}."""
+    """(env, algo, tag, budget) -> {seed: that run's evaluations sorted by step}. Runs on seeds that chose nothing
+    (`common.FRESH_SEEDS_FROM` and above) form their own group, tagged "<tag> (fresh seeds)"."""
     groups: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        groups[(r["env"], r["algo"], r["tag"], r["budget"])][r["seed"]].append(r)
+        tag = r["tag"] + FRESH if r["seed"] >= common.FRESH_SEEDS_FROM else r["tag"]
+        groups[(r["env"], r["algo"], tag, r["budget"])][r["seed"]].append(r)
     return {k: {s: sorted(v[s], key=lambda r: r["step"]) for s in sorted(v)} for k, v in sorted(groups.items())}
 
 
@@ -255,8 +261,12 @@ def plot_env(env: str, groups: dict, path: Path) -> None:
 
 
 def flagship_groups(groups: dict) -> dict:
-    """The flagship task's runs under each script's current defaults (tag `defaults`), every budget."""
-    return {k: v for k, v in groups.items() if k[0] == common.FLAGSHIP_ENV and k[2] == "defaults"}
+    """The flagship task's runs under each script's current defaults (tag `defaults`), every budget: on the fresh seeds
+    where a script has them at that budget, else on the seeds that chose the defaults."""
+    chosen = {}
+    for tag in ("defaults", "defaults" + FRESH):  # fresh seeds, second, replace the others
+        chosen |= {k[:2] + k[3:]: k for k in groups if k[0] == common.FLAGSHIP_ENV and k[2] == tag}
+    return {k: groups[k] for k in sorted(chosen.values())}
 
 
 def plot_flagship(groups: dict, path: Path) -> None:
@@ -268,10 +278,12 @@ def plot_flagship(groups: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 6), constrained_layout=True)
     colors = {algo: f"C{i}" for i, algo in enumerate(sorted({k[1] for k in groups}))}  # one color per script
     longest = max(k[3] for k in groups)
-    for (_, algo, _, budget), seeds in groups.items():
+    for (_, algo, tag, budget), seeds in groups.items():
         x, mean, lo, hi = seed_band(seeds, "step")
         style = "-" if budget == longest else "--"
-        ax.plot(x, mean, style, color=colors[algo], label=f"{algo} defaults, {budget:,} steps ({len(seeds)} seeds)")
+        which = "fresh seeds" if tag.endswith(FRESH) else "seeds that chose the defaults"
+        label = f"{algo} defaults, {budget:,} steps ({len(seeds)} {which})"
+        ax.plot(x, mean, style, color=colors[algo], label=label)
         ax.fill_between(x, lo, hi, color=colors[algo], alpha=0.15, linewidth=0)
     for i, (budget, finals) in enumerate(common.RPO_FLAGSHIP.items()):
         label = "RPO (CleanRL), final evaluation of each seed at its budget" if i == 0 else None

@@ -345,12 +345,16 @@ def test_report_table22_over_the_published_8m_figures(tmp_path):
 
 
 def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path, common):
-    """flagship.png shows the walker/walk runs tagged `defaults` of each script at each budget, and nothing else."""
+    """flagship.png shows the walker/walk runs tagged `defaults` of each script at each budget, and nothing else: on the
+    fresh seeds where a script has them at that budget. The table shows the fresh seeds in a row of their own."""
     walker, lines = "dm_control/walker/walk", []
     drawn = {("ppo_continuous", 1_000_000), ("vmpo_continuous", 1_000_000), ("vmpo_continuous", 3_000_000)}
     for algo, budget in drawn:
         for seed in (1, 2):
             lines += run_lines(algo, "defaults", walker, seed, budget, 300.0 * seed)
+    fresh = (common.FRESH_SEEDS_FROM, common.FRESH_SEEDS_FROM + 3)
+    for seed in fresh:
+        lines += run_lines("vmpo_continuous", "defaults", walker, seed, 1_000_000, 10.0 * seed)
     lines += run_lines("vmpo_continuous", "lr 3e-4", walker, 1, 1_000_000, 100.0)  # another tag
     lines += run_lines("ppo_continuous", "defaults", "dm_control/finger/spin", 1, 500_000, 100.0)  # another task
     (tmp_path / "f.csv").write_text(RESULT_HEADER + "".join(lines))
@@ -360,6 +364,14 @@ def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path, common):
 
     groups = report.flagship_groups(report.group_runs(common.read_results([tmp_path / "f.csv"])))
     assert {(algo, budget) for _, algo, _, budget in groups} == drawn
+    assert list(groups[(walker, "vmpo_continuous", "defaults (fresh seeds)", 1_000_000)]) == list(fresh)
+    assert list(groups[(walker, "vmpo_continuous", "defaults", 3_000_000)]) == [1, 2]
+    rows = table_rows((tmp_path / "report" / "results.md").read_text())
+    values = [10.0 * s for s in fresh]
+    assert rows[(walker, "vmpo_continuous", "defaults (fresh seeds)")][4:6] == [
+        ", ".join(map(str, fresh)),
+        f"{statistics.fmean(values):.1f} ± {statistics.pstdev(values):.1f}",
+    ]
     import matplotlib.image
 
     image = matplotlib.image.imread(tmp_path / "report" / "flagship.png")
