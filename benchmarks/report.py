@@ -22,8 +22,8 @@ return as the bar (`common.PUBLISHED_8M`), `<out>/profile_table22.png`, and per 
 final return over those seeds is at or above the published PPO 8M return (e.g. 13/22).
 
 Last, `<out>/flagship.png` when some script has `defaults` rows on the flagship task (`common.FLAGSHIP_ENV`): those
-configs' curves alone, one line per script and budget (its fresh seeds where it has them), with RPO's measured final evaluations (`common.RPO_FLAGSHIP`)
-as points, for the README.
+configs' curves alone, one line per script and budget (on its fresh seeds where it has them), with RPO's measured final
+evaluations (`common.RPO_FLAGSHIP`) as points, for the README.
 """
 
 from __future__ import annotations
@@ -275,7 +275,7 @@ def plot_flagship(groups: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 6), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(10, 6), constrained_layout=True)
     colors = {algo: f"C{i}" for i, algo in enumerate(sorted({k[1] for k in groups}))}  # one color per script
     longest = max(k[3] for k in groups)
     for (_, algo, tag, budget), seeds in groups.items():
