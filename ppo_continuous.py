@@ -614,6 +614,10 @@ def train(args: Args) -> dict:
             stats["explained_variance"] = explained_variance(batch["values"], batch["returns"])
             for key, value in stats.items():
                 writer.add_scalar(f"losses/{key}", value, run.global_step)
+            # The share of sampled action components the env clipped: near 1, the policy acts bang-bang at the bounds.
+            space = run.envs.single_action_space
+            clipped = rollout.actions != np.clip(rollout.actions, space.low, space.high)
+            writer.add_scalar("charts/actions_at_bounds", clipped[rollout.resets == 0].mean(), run.global_step)
 
             # ---- evaluate and save: every eval_interval steps, and at the end
             every, last = args.eval_interval, iteration == num_iterations

@@ -777,6 +777,8 @@ def train(args: Args) -> dict:
             writer.add_scalar("charts/SPS", sps, run.global_step)
             trained = batch["resets"] == 0  # the value's fit over the trained samples, with the values that acted
             stats["losses/explained_variance"] = explained_variance(batch["values"][trained], batch["returns"][trained])
+            # The share of sampled action components the env clipped: near 1, the policy acts bang-bang at the bounds.
+            stats["charts/actions_at_bounds"] = (batch["u"] != agent.clip_action(batch["u"]))[trained].float().mean()
             for key, value in stats.items():
                 writer.add_scalar(key, value, run.global_step)
 

@@ -667,3 +667,15 @@ def test_evaluation_logs_the_sampled_policy_and_failed_episodes_without_touching
     assert scalars["eval/return_mean"] == pytest.approx(returns.mean())
     assert scalars["eval/episodes_below_100"] == (returns < 100).sum()  # every Pendulum return is below 100
     assert scalars["eval/sampled_return_mean"] != scalars["eval/return_mean"]  # std 0.78-1 Pendulum actions differ
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous", "vmpo_continuous"])
+@pytest.mark.parametrize("log_std", [2.0, -3.0])
+def test_actions_at_bounds_is_the_share_of_samples_the_env_clips(name, log_std, tmp_path):
+    """The first rollout's `charts/actions_at_bounds` against P(|u| > 2), u ~ N(0, sigma^2): the initial mean is about
+    0 and Pendulum's bound is 2. Wide (sigma 7.4), about 0.79 of 128 samples are clipped (1 sd 0.04); narrow, none."""
+    cli = tiny_cli(name, "--init-log-std", str(log_std), "--total-timesteps", str(BATCH), "--eval-interval", "0")
+    result = train(name, *cli, "--output-dir", str(tmp_path))
+    [(step, logged)] = read_scalars(result["run_dir"])["charts/actions_at_bounds"]
+    expected = 1 - math.erf(2 / (math.exp(log_std) * math.sqrt(2)))
+    assert step == BATCH and abs(logged - expected) < 0.12, (logged, expected)

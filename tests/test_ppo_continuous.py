@@ -261,6 +261,7 @@ def test_cli_walker_smoke_tensorboard_checkpoint_wandb_and_eval_only(tmp_path):
     for tag in [
         "charts/SPS",
         "charts/learning_rate",
+        "charts/actions_at_bounds",
         "losses/policy_loss",
         "losses/value_loss",
         "losses/entropy",

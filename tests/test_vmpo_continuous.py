@@ -779,6 +779,7 @@ EXPECTED_TAGS = [
     "charts/episodic_length",
     "charts/SPS",
     "charts/learning_rate",
+    "charts/actions_at_bounds",
     "losses/policy_loss",
     "losses/value_loss",
     "losses/entropy",
