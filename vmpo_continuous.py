@@ -252,8 +252,8 @@ def clipped_gaussian_log_prob(mean, log_std, u: torch.Tensor, low: torch.Tensor,
     # LaTeX: \log\mathcal{N}(u_j|\mu_j,\sigma_j) = -\frac{(u_j-\mu_j)^2}{2\sigma_j^2} - \log\sigma_j - \frac{\log 2\pi}{2}
     inside = -0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
     # LaTeX: \log \pi(a_j) = \begin{cases} \log\Phi\big(\tfrac{l_j - \mu_j}{\sigma_j}\big) & u_j \le l_j \\ \log\mathcal{N}(u_j|\mu_j,\sigma_j) & l_j < u_j < h_j \\ \log\Phi\big(\tfrac{\mu_j - h_j}{\sigma_j}\big) & u_j \ge h_j \end{cases}, \quad \log \pi(a) = \sum_j \log \pi(a_j)
-    at_low, at_high = torch.special.log_ndtr((low - mean) / std), torch.special.log_ndtr((mean - high) / std)
-    return torch.where(u <= low, at_low, torch.where(u >= high, at_high, inside)).sum(-1)
+    at_bound = torch.special.log_ndtr(torch.where(u <= low, (low - mean) / std, (mean - high) / std))  # one erfc, not two
+    return torch.where((u > low) & (u < high), inside, at_bound).sum(-1)
 
 
 def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
@@ -523,6 +523,23 @@ def build_optimizers(agent: Agent, duals: DualVariables, args: Args) -> dict[str
     return {"model": model, "temperature": temperature, "alpha": alpha}
 
 
+def minibatches(fields: dict[str, torch.Tensor], num_minibatches: int, m_steps: int):
+    """m_steps minibatches of the batch's fields (tensors of N rows), reshuffled for each pass over the batch. The fields
+    travel as the columns of one tensor: a pass costs one gather, and a minibatch is a slice of it."""
+    n = len(next(iter(fields.values())))
+    columns = [field.reshape(n, -1) for field in fields.values()]
+    packed, widths = torch.cat(columns, 1), [column.shape[1] for column in columns]
+    for step in range(m_steps):
+        if step % num_minibatches == 0:  # a fresh shuffle for each pass over the batch
+            # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
+            order = torch.randperm(n) if num_minibatches > 1 else torch.arange(n)
+            shuffled = packed[order.to(packed.device)].split(n // num_minibatches)
+        minibatch = shuffled[step % num_minibatches].split(widths, dim=1)
+        yield {
+            key: column.reshape(-1, *field.shape[1:]) for (key, field), column in zip(fields.items(), minibatch, strict=True)
+        }
+
+
 def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dict, args: Args) -> dict[str, float]:
     """One V-MPO iteration on a flat batch: E-step (one temperature step), then m_steps M-steps."""
     restarting = 1.0 - batch["resets"]  # the paper's restarting weights: 0 on reset steps, whose actions the env ignored
@@ -544,14 +561,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     fields["selected"], fields["restarting"] = estep["selected_weights"], restarting
 
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
-    n, size = len(restarting), len(restarting) // args.num_minibatches
-    for step in range(args.m_steps):
-        if step % args.num_minibatches == 0:  # a fresh shuffle for each pass over the batch
-            # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
-            order = (torch.randperm(n) if args.num_minibatches > 1 else torch.arange(n)).to(restarting.device)
-        start = step % args.num_minibatches * size
-        indices = order[start : start + size]
-        mb = {key: field[indices] for key, field in fields.items()}
+    for mb in minibatches(fields, args.num_minibatches, args.m_steps):
         mean, log_std, values = agent(mb["obs"])
         losses = m_step_losses(mean, log_std, values, mb, low, high, args.m_step, args.m_step_clip, args.rpo_alpha)
         # The multipliers' dual loss, KLs held constant: minimizing it grows alpha while its KL is above epsilon.
