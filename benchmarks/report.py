@@ -21,6 +21,10 @@ Then `table22` (issue 37), the same aggregate over `common.SUITE_22` at 1M steps
 return as the bar (`common.PUBLISHED_8M`), `<out>/profile_table22.png`, and per config the count of tasks whose mean
 final return over those seeds is at or above the published PPO 8M return (e.g. 13/22).
 
+Then `table30` (issue 56), the decision rule for a default: table22's 22 scores and the 8 MuJoCo scores together, on
+the same seeds, their IQM with its interval, the 22-task IQM on those seeds, the lowest MuJoCo task's mean score, and
+whether the config qualifies (`RULE_CONTROL_IQM`, `RULE_MUJOCO_FLOOR`).
+
 Last, `<out>/flagship.png` when some script has `defaults` rows on the flagship task (`common.FLAGSHIP_ENV`): those
 configs' curves alone, one line per script and budget (on its fresh seeds where it has them), with RPO's measured final
 evaluations (`common.RPO_FLAGSHIP`) as points, for the README.
@@ -165,6 +169,9 @@ def aggregate(groups: dict, out: Path, reps: int = 2000) -> str:
 
 
 TABLE22_BUDGET = 1_000_000
+# Issue 56's rule for a default, fixed before its runs: at least this 22-task IQM on the control suite, and at least
+# this score on every MuJoCo task (the mean over seeds).
+RULE_CONTROL_IQM, RULE_MUJOCO_FLOOR = 0.75, 0.2
 TABLE22_HEADER = (
     "table22 (issue 37): final evaluation at 1M over CleanRL's published RPO 8M return, 22 dm_control tasks; last"
     " column: the tasks whose mean final return is at or above the published PPO 8M return\n\n"
@@ -188,6 +195,39 @@ def table22(groups: dict, out: Path, reps: int = 2000) -> str:
         at_or_above = int((finals[name].mean(axis=0) >= ppo).sum())
         lines.append(" | ".join([*cells, f"{at_or_above}/{len(suite)} |"]))
     plot_profile(scores, out / "profile_table22.png", "table22: 22 dm_control tasks at 1M", "CleanRL's RPO 8M return")
+    return "\n".join(lines) + "\n"
+
+
+TABLE30_HEADER = (
+    "table30 (issue 56's rule): the 22 dm_control tasks of table22 (return / RPO 8M) and the 8 MuJoCo tasks ((return -"
+    " random) / (bar - random)), all at 1M, on the same seeds; a config qualifies when its 22-task IQM is at least"
+    f" {RULE_CONTROL_IQM} and no MuJoCo task's mean score is under {RULE_MUJOCO_FLOOR} (nothing learns to fall)\n\n"
+    "| suite | algo | tag | seeds per task | runs | IQM over 30 tasks [95% CI] | mean over 30 tasks |"
+    " 22-task IQM | lowest MuJoCo task (mean score) | qualifies |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def table30(groups: dict, reps: int = 2000) -> str:
+    """The table30 section (Markdown): issue 56's decision rule over the 22 control tasks and the 8 MuJoCo tasks. The
+    default is the qualifying config with the highest 30-task IQM; one line when no config ran all 30 tasks."""
+    from rliable import metrics
+
+    control = [(env, TABLE22_BUDGET) for env in common.SUITE_22]
+    mujoco = list(common.MUJOCO_BARS)
+    bars = {(env, budget): common.PUBLISHED_8M[env][1] for env, budget in control} | common.MUJOCO_BARS
+    scores = normalized_scores(groups, control + mujoco, bars)
+    if not scores:
+        return f"table30: no algo/tag has runs at 1M on all {len(control) + len(mujoco)} tasks\n"
+    lines = [TABLE30_HEADER]
+    for name, cells in aggregate_cells("table30", scores, reps).items():
+        x = scores[name]  # (seeds, tasks): the 22 control tasks, then the MuJoCo ones
+        control_iqm = float(metrics.aggregate_iqm(x[:, : len(control)]))
+        per_task = x[:, len(control) :].mean(axis=0)
+        lowest = int(per_task.argmin())
+        qualifies = control_iqm >= RULE_CONTROL_IQM and per_task[lowest] >= RULE_MUJOCO_FLOOR
+        cells += [f"{control_iqm:.3f}", f"{mujoco[lowest][0]} {per_task[lowest]:.2f}", "yes |" if qualifies else "no |"]
+        lines.append(" | ".join(cells))
     return "\n".join(lines) + "\n"
 
 
@@ -313,6 +353,7 @@ def main() -> int:
     if summary.count("\n") > 2:
         md += "\n" + summary
     md += "\n" + table22(groups, out)
+    md += "\n" + table30(groups)
     (out / "results.md").write_text(md)
     print(md, end="")
     for env in sorted({k[0] for k in groups}):

@@ -344,6 +344,47 @@ def test_report_table22_over_the_published_8m_figures(tmp_path):
     assert image.shape[1] >= 700 and image[..., :3].std() > 0.05
 
 
+def test_report_applies_the_30_task_rule(tmp_path, common):
+    """Issue 56's rule: A qualifies; B's 22-task IQM is under 0.75; C has a MuJoCo task whose mean score is under 0.2
+    (one seed above it); D lacks Swimmer (left out). Scores, IQMs and the verdicts are computed here independently."""
+    random = common.random_returns()
+    control = {env: rpo for env, (_, rpo) in common.PUBLISHED_8M.items()}
+    lines, scores = [], {"A": [], "B": [], "C": []}  # per config: (task, seed) scores in the report's task order
+    for tag, level in (("A", 0.9), ("B", 0.6), ("C", 0.9), ("D", 0.9)):
+        for t, (env, rpo) in enumerate(control.items()):
+            values = [level + 0.3 * s**2 * (t % 5 - 2) / 22 for s in (1, 2)]  # spread over tasks and seeds
+            for seed, v in zip((1, 2), values, strict=True):
+                lines += run_lines("vmpo_continuous", tag, env, seed, 1_000_000, v * rpo)
+            scores.get(tag, []).append(values)
+        for t, ((env, budget), bar) in enumerate(common.MUJOCO_BARS.items()):
+            if tag == "D" and env == "Swimmer-v5":
+                continue
+            values = (0.1, 0.25) if tag == "C" and env == "Hopper-v5" else (0.5 + 0.1 * t, 0.3 + 0.1 * t)
+            for seed, v in zip((1, 2), values, strict=True):
+                lines += run_lines("vmpo_continuous", tag, env, seed, budget, random[env] + v * (bar - random[env]))
+            scores.get(tag, []).append(list(values))
+    (tmp_path / "r.csv").write_text(RESULT_HEADER + "".join(lines))
+    proc = bench("report.py", tmp_path / "r.csv", "--out", tmp_path / "report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    md = (tmp_path / "report" / "results.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| table30 |")]
+    assert [r.split(" | ")[2] for r in rows] == ["A", "B", "C"]
+    for row, tag in zip(rows, ("A", "B", "C"), strict=True):
+        cells = row.strip("| ").split(" | ")
+        x = np.array(scores[tag])  # (30 tasks, 2 seeds)
+        assert cells[3:5] == ["2", "60"]
+        point, lo, hi = (float(v) for v in re.findall(r"[\d.]+", cells[5]))
+        assert point == pytest.approx(trimmed_iqm(x), abs=1e-3) and lo <= point <= hi
+        assert float(cells[6]) == pytest.approx(x.mean(), abs=1e-3)
+        control_iqm = trimmed_iqm(x[:22])
+        assert float(cells[7]) == pytest.approx(control_iqm, abs=1e-3)
+        task_means = x[22:].mean(axis=1)
+        lowest = int(task_means.argmin())
+        assert cells[8] == f"{list(common.MUJOCO_BARS)[lowest][0]} {task_means[lowest]:.2f}"
+        assert cells[9] == ("yes" if control_iqm >= 0.75 and task_means[lowest] >= 0.2 else "no")
+    assert [r.strip("| ").split(" | ")[9] for r in rows] == ["yes", "no", "no"]  # the fixture covers each verdict
+
+
 def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path, common):
     """flagship.png shows the walker/walk runs tagged `defaults` of each script at each budget, and nothing else: on the
     fresh seeds where a script has them at that budget. The table shows the fresh seeds in a row of their own."""
