@@ -1,10 +1,14 @@
-"""PPO for continuous actions: a diagonal Gaussian policy trained with the clipped surrogate and GAE.
+"""PPO for continuous actions: a diagonal Gaussian (or Beta) policy trained with the clipped surrogate and GAE.
 
 PPO (Schulman et al., 2017, https://arxiv.org/abs/1707.06347) with GAE (Schulman et al., 2016, arXiv:1506.02438):
 the policy's mean is an MLP, its log std a free parameter, the value a separate MLP; actions are clipped only where
 they enter the env; a truncated episode (every dm_control episode) bootstraps from its final observation's value.
 By default the update evaluates the policy at a randomly shifted mean, as RPO does (Rahman & Xue, 2022, "Robust
 Policy Optimization in Deep Reinforcement Learning", https://arxiv.org/abs/2212.07536); `--rpo-alpha 0` is plain PPO.
+That Gaussian is `--policy auto` on the control suite, whose rewards pay for full force; on any other env it trains a
+Beta on the action box (Chou et al., 2017, "Improving Stochastic Policy Gradients in Continuous Control with Deep
+Reinforcement Learning using the Beta Distribution"): the MLP outputs its two logits, and its calm actions keep
+gymnasium's Ant up where the Gaussian's bang-bang ones make it fall.
 
     python ppo_continuous.py --env-id dm_control/walker/walk
     python ppo_continuous.py --env-id dm_control/cartpole/swingup --total-timesteps 500000 --track
@@ -43,7 +47,7 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Args:
-    """PPO with a diagonal Gaussian policy and RPO's mean perturbation, for continuous actions, in one file."""
+    """PPO with RPO's perturbation for continuous actions (a Gaussian the env clips, or a Beta on the box), in one file."""
 
     exp_name: str = "ppo_continuous"
     """the name of this experiment (part of the run name)"""
@@ -101,14 +105,19 @@ class Args:
     """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); the rollout acts in numpy"""
     target_kl: float | None = None
     """end the update after an epoch whose mean approximate KL exceeds this (e.g. 0.02 where updates overshoot)"""
-    rpo_alpha: float = 0.5
-    """RPO: the update shifts the Gaussian mean by Uniform(-alpha, alpha) noise, holding the std up; 0: plain PPO"""
+    policy: Literal["auto", "gaussian", "beta"] = "auto"
+    """the policy family. auto: gaussian on dm_control/... tasks, beta on any other env.
+    gaussian: the env clips its samples (it acts bang-bang, which the control suite rewards).
+    beta: a Beta on the action box (calm, where rewards charge for torque)"""
+    rpo_alpha: float | None = None
+    """RPO: the update shifts the policy's outputs (the Gaussian's mean, the Beta's logits) by Uniform(-alpha, alpha)
+    noise, holding the spread up; None: the family's, gaussian 0.5, beta 0.2; 0: plain PPO"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer sizes of the policy-mean MLP"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of the value MLP"""
     init_log_std: float = 0.0
-    """initial log standard deviation of the Gaussian policy (0: std 1 on actions in [-1, 1])"""
+    """initial log standard deviation of the Gaussian policy (0: std 1 on actions in [-1, 1]; --policy gaussian)"""
     norm_obs: bool = True
     """normalize observations by one running mean/std shared by all training envs (clipped to [-10, 10])"""
     reward_scaling: bool = True
@@ -156,14 +165,16 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
 
 
 class Agent(nn.Module):
-    """Separate policy (Gaussian mean) and value MLPs, orthogonal init, state-independent log-std."""
+    """Separate policy and value MLPs, orthogonal init; the policy MLP outputs the family's parameters (the Gaussian's
+    mean, whose log-std is a state-independent parameter of the family, or the Beta's logits)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, policy_hidden_sizes: tuple, value_hidden_sizes: tuple, init_log_std=0.0):
+    def __init__(self, obs_dim: int, act_dim: int, policy: str, policy_hidden_sizes: tuple, value_hidden_sizes: tuple,
+                 init_log_std=0.0):  # fmt: skip
         super().__init__()
         self.critic = mlp(obs_dim, tuple(value_hidden_sizes), 1, out_std=1.0)
-        # A near-zero last layer starts the mean at ~0 for every state (Andrychowicz et al., 2021).
-        self.actor_mean = mlp(obs_dim, tuple(policy_hidden_sizes), act_dim, out_std=0.01)
-        self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(init_log_std)))
+        # A near-zero last layer starts the same policy in every state (Andrychowicz et al., 2021).
+        self.actor = mlp(obs_dim, tuple(policy_hidden_sizes), POLICIES[policy].outputs_per_dim * act_dim, out_std=0.01)
+        self.policy = POLICIES[policy](act_dim, init_log_std)  # the family: its math, and the Gaussian's log-std
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
@@ -179,6 +190,137 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
     """Entropy of the diagonal Gaussian; the std is state-independent, so so is the entropy."""
     # LaTeX: \mathcal{H}[\pi_\theta(\cdot \mid s)] = \sum_j \left(\log \sigma_j + \frac{1}{2} \log (2 \pi e)\right)
     return (log_std + 0.5 * (math.log(2.0 * math.pi) + 1.0)).sum(-1)
+
+
+def log_beta_function(alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    # LaTeX: \log B(\alpha, \beta) = \log\Gamma(\alpha) + \log\Gamma(\beta) - \log\Gamma(\alpha + \beta)
+    return torch.lgamma(alpha) + torch.lgamma(beta) - torch.lgamma(alpha + beta)
+
+
+def beta_log_prob(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """log Beta(x | alpha, beta), summed over action dimensions."""
+    # LaTeX: \log \pi_\theta(x \mid s) = \sum_j (\alpha_j - 1) \log x_j + (\beta_j - 1) \log(1 - x_j) - \log B(\alpha_j, \beta_j)
+    return ((alpha - 1.0) * torch.log(x) + (beta - 1.0) * torch.log1p(-x) - log_beta_function(alpha, beta)).sum(-1)
+
+
+def beta_entropy(alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    total, digamma = alpha + beta, torch.special.digamma
+    # LaTeX: \mathcal{H} = \sum_j \log B(\alpha_j, \beta_j) - (\alpha_j - 1)\psi(\alpha_j) - (\beta_j - 1)\psi(\beta_j) + (\alpha_j + \beta_j - 2)\psi(\alpha_j + \beta_j)
+    h = log_beta_function(alpha, beta) - (alpha - 1) * digamma(alpha) - (beta - 1) * digamma(beta)
+    return (h + (total - 2.0) * digamma(total)).sum(-1)
+
+
+# ---------------------------------------------------------------------------------------
+# Policy families: what the rollout, the update and the evaluation ask of a policy
+# ---------------------------------------------------------------------------------------
+class GaussianPolicy(nn.Module):
+    """--policy gaussian, RPO's: a ~ N(mu_theta(s), diag(sigma^2)), a state-independent log-std; the env plays clip(a), so
+    a mean past a bound plays the bound exactly. The actor outputs the mean."""
+
+    outputs_per_dim = 1
+
+    def __init__(self, act_dim: int, init_log_std: float):
+        super().__init__()
+        self.log_std = nn.Parameter(torch.full((act_dim,), float(init_log_std)))
+
+    def numpy_params(self) -> dict[str, np.ndarray]:
+        return {"log_std": self.log_std.detach().cpu().numpy().astype(np.float32)}
+
+    @staticmethod
+    def act(out: np.ndarray, log_std: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rollout's sampled action (unclipped) and its log-probability, in numpy."""
+        noise = np.random.standard_normal(out.shape).astype(np.float32)
+        # LaTeX: a_t = \mu_\theta(s_t) + \sigma \odot \xi_t, \quad \xi_t \sim \mathcal{N}(0, I)
+        action = out + np.exp(log_std) * noise
+        # gaussian_log_prob's density written with the noise, since (a - mu) / sigma = xi.
+        # LaTeX: \log \pi_\theta(a_t \mid s_t) = -\frac{1}{2} \|\xi_t\|^2 - \sum_j \log \sigma_j - \frac{d}{2} \log 2\pi
+        logprob = -0.5 * np.square(noise).sum(-1) - (log_std.sum() + 0.5 * math.log(2.0 * math.pi) * out.shape[-1])
+        return action, logprob
+
+    def sample(self, out: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return out + self.log_std.exp() * torch.randn(out.shape, generator=generator, device=out.device)
+
+    def log_prob(self, out: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return gaussian_log_prob(out, self.log_std, action)
+
+    def entropy(self, out: torch.Tensor) -> torch.Tensor:
+        return gaussian_entropy(self.log_std).expand(out.shape[:-1])
+
+    @staticmethod
+    def mean_action(out: torch.Tensor) -> torch.Tensor:
+        return out  # the evaluation plays clip(mu)
+
+    @staticmethod
+    def env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        # LaTeX: a^{env}_t = \operatorname{clip}(a_t, a_{low}, a_{high})
+        return np.clip(action, low, high)
+
+    @staticmethod
+    def at_bounds(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        return action != np.clip(action, low, high)
+
+
+class BetaPolicy(nn.Module):
+    """--policy beta: x ~ Beta(alpha_theta(s), beta_theta(s)) per dimension and the env plays low + (high - low) x. With
+    alpha, beta > 1 it is unimodal, never U-shaped: full force is a choice the fit makes, not where a wide start puts the
+    actions. The actor outputs the two logits; the likelihood is x's (the box's scale cancels in the ratio)."""
+
+    outputs_per_dim = 2
+
+    def __init__(self, act_dim: int, init_log_std: float):
+        super().__init__()  # no parameters of its own; a near-zero actor starts at Beta(1.69, 1.69) in every state
+
+    def numpy_params(self) -> dict[str, np.ndarray]:
+        return {}
+
+    @staticmethod
+    def concentrations(out):
+        """alpha and beta from the actor's output, in torch or numpy."""
+        alpha_logit, beta_logit = (out[..., : out.shape[-1] // 2], out[..., out.shape[-1] // 2 :])
+        softplus = nn.functional.softplus if isinstance(out, torch.Tensor) else lambda x: np.logaddexp(0.0, x)
+        # LaTeX: \alpha_j = 1 + \operatorname{softplus}(\ell^\alpha_j(s)), \quad \beta_j = 1 + \operatorname{softplus}(\ell^\beta_j(s))
+        return 1.0 + softplus(alpha_logit), 1.0 + softplus(beta_logit)
+
+    @classmethod
+    def act(cls, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        alpha, beta = cls.concentrations(out)
+        # LaTeX: x_t \sim \mathrm{Beta}(\alpha_\theta(s_t), \beta_\theta(s_t)), \ x_t \in [10^{-6}, 1 - 10^{-6}]
+        x = np.clip(np.random.beta(alpha, beta), BETA_EPS, 1.0 - BETA_EPS).astype(np.float32)  # 0 and 1 have density 0
+        logprob = beta_log_prob(*(torch.from_numpy(v) for v in (alpha, beta, x))).numpy()
+        return x, logprob
+
+    @classmethod
+    def sample(cls, out: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        # Beta sampling takes no generator: this one seeds a forked copy of the global ones, which stay untouched.
+        with torch.random.fork_rng(devices=[out.device] if out.is_cuda else []):
+            torch.manual_seed(int(torch.randint(2**31, (), generator=generator, device=generator.device)))
+            return torch.distributions.Beta(*cls.concentrations(out)).sample().clamp(BETA_EPS, 1.0 - BETA_EPS)
+
+    def log_prob(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return beta_log_prob(*self.concentrations(out), x)
+
+    def entropy(self, out: torch.Tensor) -> torch.Tensor:
+        return beta_entropy(*self.concentrations(out))
+
+    @classmethod
+    def mean_action(cls, out: torch.Tensor) -> torch.Tensor:
+        alpha, beta = cls.concentrations(out)
+        # LaTeX: \mathbb{E}[x] = \frac{\alpha}{\alpha + \beta}, \quad \mathbb{E}[a] = a_{low} + (a_{high} - a_{low})\, \mathbb{E}[x]
+        return alpha / (alpha + beta)
+
+    @staticmethod
+    def env_action(x: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        # LaTeX: a^{env}_t = a_{low} + (a_{high} - a_{low})\, x_t
+        return low + (high - low) * x
+
+    @staticmethod
+    def at_bounds(x: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        return np.minimum(x, 1.0 - x) < 0.01  # within 1% of the box's width from a bound
+
+
+POLICIES = {"gaussian": GaussianPolicy, "beta": BetaPolicy}
+RPO_ALPHA = {"gaussian": 0.5, "beta": 0.2}  # --rpo-alpha's default per family: the values the runs chose
+BETA_EPS = 1e-6
 
 
 # ---------------------------------------------------------------------------------------
@@ -241,7 +383,7 @@ class Rollout:
     is always s_{t+1}, and its action is ignored. It is marked in `resets` and never trained on."""
 
     obs: np.ndarray
-    actions: np.ndarray  # as sampled, before clipping to the action space
+    actions: np.ndarray  # as sampled, before the env's mapping (the Gaussian's clip, the Beta's scaling to the box)
     logprobs: np.ndarray
     rewards: np.ndarray  # scaled with --reward-scaling
     values: np.ndarray
@@ -275,8 +417,8 @@ class RolloutPolicy:
         def layers(net: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
             return [(m.weight.detach().cpu().numpy().T.copy(), m.bias.detach().cpu().numpy().copy()) for m in net[::2]]
 
-        self.actor, self.critic = layers(agent.actor_mean), layers(agent.critic)
-        self.log_std = agent.actor_logstd.detach().cpu().numpy().astype(np.float32)
+        self.actor, self.critic = layers(agent.actor), layers(agent.critic)
+        self.family, self.family_params = agent.policy, agent.policy.numpy_params()
 
     @staticmethod
     def mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
@@ -288,28 +430,22 @@ class RolloutPolicy:
         return self.mlp(self.critic, obs)[:, 0]
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Sampled action (unclipped), its log-prob and V(s) for a (N, obs_dim) float32 batch."""
-        mean = self.mlp(self.actor, obs)
-        noise = np.random.standard_normal(mean.shape).astype(np.float32)
-        # LaTeX: a_t = \mu_\theta(s_t) + \sigma \odot \xi_t, \quad \xi_t \sim \mathcal{N}(0, I)
-        action = mean + np.exp(self.log_std) * noise
-        # gaussian_log_prob's density written with the noise, since (a - mu) / sigma = xi.
-        # LaTeX: \log \pi_\theta(a_t \mid s_t) = -\frac{1}{2} \|\xi_t\|^2 - \sum_j \log \sigma_j - \frac{d}{2} \log 2\pi
-        logprob = -0.5 * np.square(noise).sum(-1) - (self.log_std.sum() + 0.5 * math.log(2.0 * math.pi) * mean.shape[-1])
+        """Sampled action (before the env's mapping), its log-prob and V(s) for a (N, obs_dim) float32 batch."""
+        action, logprob = self.family.act(self.mlp(self.actor, obs), **self.family_params)
         return action, logprob, self.value(obs)
 
 
 def collect_rollout(policy: RolloutPolicy, envs, obs: np.ndarray, obs_rms, scale_reward, rollout: Rollout) -> tuple:
     """Fill `rollout`, updating `obs_rms`; return the next observation and the finished episodes (env steps into the
     rollout, return, length)."""
-    low, high = envs.single_action_space.low, envs.single_action_space.high
+    low, high, family = envs.single_action_space.low, envs.single_action_space.high, policy.family
     episodes = []
     # Row 0 follows the previous rollout's last row (all zeros before the first rollout).
     prev_done = rollout.terminated[-1] + rollout.truncated[-1] > 0
     for t in range(len(rollout.obs)):
         rollout.obs[t], rollout.resets[t] = obs, prev_done  # after an episode end: a reset step
         rollout.actions[t], rollout.logprobs[t], rollout.values[t] = policy.act(obs)
-        raw_obs, reward, terminated, truncated, infos = envs.step(np.clip(rollout.actions[t], low, high))
+        raw_obs, reward, terminated, truncated, infos = envs.step(family.env_action(rollout.actions[t], low, high))
         obs_rms.update(raw_obs)
         obs = obs_rms.normalize(raw_obs)
         done = terminated | truncated
@@ -407,8 +543,8 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
         shuffled = packed[torch.randperm(size).to(packed.device)]
         for minibatch in shuffled[: minibatch_size * args.num_minibatches].split(minibatch_size):
             obs, actions, old_logprob, advantages, returns, old_values = minibatch.split(widths, dim=1)
-            mean = rpo_perturbation(agent.actor_mean(obs), args.rpo_alpha)
-            new_logprob = gaussian_log_prob(mean, agent.actor_logstd, actions).unsqueeze(1)
+            out = rpo_perturbation(agent.actor(obs), args.rpo_alpha)
+            new_logprob = agent.policy.log_prob(out, actions).unsqueeze(1)
             # LaTeX: \log \rho_t = \log \pi_\theta(a_t \mid s_t) - \log \pi_{\theta_\mathrm{old}}(a_t \mid s_t)
             logratio = new_logprob - old_logprob
             ratio = torch.exp(logratio)
@@ -416,7 +552,7 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
                 advantages = normalize_advantages(advantages)
             pg_loss = clipped_surrogate_loss(ratio, advantages, args.clip_coef)
             v_loss = value_loss(agent.critic(obs), old_values, returns, args.clip_coef, args.clip_vloss)
-            entropy = gaussian_entropy(agent.actor_logstd)
+            entropy = agent.policy.entropy(out).mean()
             # LaTeX: L = L^{\mathrm{CLIP}} - c_H \mathcal{H}[\pi_\theta] + c_V L^{V}
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
             optimizer.zero_grad(set_to_none=True)
@@ -497,10 +633,12 @@ def set_up(args: Args) -> Run:
         nothing = f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's step"
         raise ConfigError(f"{nothing} {source['global_step']}; pass a larger total to continue")
     check_args(args, gl_backend)
-    if not args.eval_only:  # the checkpoint records the resolved backend, so --resume keeps it
+    if not args.eval_only:  # the checkpoint records the resolved policy and backend, so --resume keeps them
+        policy, rpo_alpha, note = choose_policy(args)
+        print(note)
         backend, note = choose_env_backend(args)
         print(note)
-        args = dataclasses.replace(args, env_backend=backend)
+        args = dataclasses.replace(args, policy=policy, rpo_alpha=rpo_alpha, env_backend=backend)
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
@@ -525,7 +663,8 @@ def set_up(args: Args) -> Run:
     envs = None if args.eval_only else make_training_envs(args, args.seed, threads)
     obs_dim, act_dim = eval_envs.single_observation_space.shape[0], eval_envs.single_action_space.shape[0]
     with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
-        agent = Agent(obs_dim, act_dim, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std).to(device)
+        network = (args.policy, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std)
+        agent = Agent(obs_dim, act_dim, *network).to(device)
     obs_rms = RunningMeanStd((obs_dim,), args.norm_obs)
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
     run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), scaler, obs_rms, threads)
@@ -616,7 +755,7 @@ def train(args: Args) -> dict:
                 writer.add_scalar(f"losses/{key}", value, run.global_step)
             # The share of sampled action components the env clipped: near 1, the policy acts bang-bang at the bounds.
             space = run.envs.single_action_space
-            clipped = rollout.actions != np.clip(rollout.actions, space.low, space.high)
+            clipped = agent.policy.at_bounds(rollout.actions, space.low, space.high)
             writer.add_scalar("charts/actions_at_bounds", clipped[rollout.resets == 0].mean(), run.global_step)
 
             # ---- evaluate and save: every eval_interval steps, and at the end
@@ -771,6 +910,25 @@ def envpool_task_id(gym_id: str) -> str | None:
     return task_id if task_id in envpool.list_all_envs() else None
 
 
+def choose_policy(args: Args) -> tuple[str, float, str]:
+    """--policy and --rpo-alpha resolved, and one line that says which family trains and why. `auto` picks what the
+    benchmarks chose per suite: the Gaussian where the control suite rewards full force (walker, finger, hopper), the
+    Beta elsewhere: gymnasium's MuJoCo tasks, like most real rewards, charge for torque, and the Gaussian's bang-bang
+    actions make the ant fall (benchmarks/README.md, "Why each default")."""
+    policy, why = args.policy, f"--policy {args.policy}"
+    if policy == "auto":
+        control_suite = args.env_id.startswith("dm_control/")
+        policy = "gaussian" if control_suite else "beta"
+        suite = (
+            "is a control-suite task, whose rewards pay for full force"
+            if control_suite
+            else ("is not a control-suite task; rewards elsewhere mostly charge for torque")
+        )
+        why = f"--policy auto: {args.env_id} {suite}"
+    rpo_alpha = RPO_ALPHA[policy] if args.rpo_alpha is None else args.rpo_alpha
+    return policy, rpo_alpha, f"policy: {policy} ({why}), RPO shift alpha {rpo_alpha}"
+
+
 def choose_env_backend(args: Args) -> tuple[str, str]:
     """The training envs' backend for --env-backend and one line that says which; a ConfigError where it cannot serve."""
     gym_id = resolve_env_id(args.env_id)
@@ -857,16 +1015,18 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
-    """One episode per eval env with the deterministic policy (the Gaussian mean), then one with sampled actions from the
+    """One episode per eval env with the deterministic policy (its mean action), then one with sampled actions from the
     same starts, on the frozen normalizer; logs `eval/*` (the sampled return shows where the two policies part, the
     episodes below 100 a walker that never gets up) and returns the deterministic returns."""
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
 
     def sampled_action(obs: torch.Tensor) -> torch.Tensor:
-        mean = run.agent.actor_mean(obs)
-        return mean + run.agent.actor_logstd.exp() * torch.randn(mean.shape, generator=noise, device=mean.device)
+        return run.agent.policy.sample(run.agent.actor(obs), noise)
 
-    returns, lengths = run_episodes(run, run.agent.actor_mean, video_name)
+    def mean_action(obs: torch.Tensor) -> torch.Tensor:
+        return run.agent.policy.mean_action(run.agent.actor(obs))
+
+    returns, lengths = run_episodes(run, mean_action, video_name)
     sampled_returns, _ = run_episodes(run, sampled_action)
     stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
     stats |= {"length_mean": lengths.mean(), "sampled_return_mean": sampled_returns.mean()}
@@ -877,7 +1037,7 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
 
 
 def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One episode per eval env, acting with `policy(normalized obs)`; the returns and lengths. With `video_name`, env 0's
+    """One episode per eval env, acting with the env's mapping of `policy(normalized obs)`; the returns and lengths. With `video_name`, env 0's
     episode goes to `<run_dir>/videos/<video_name>.mp4`."""
     envs, space = run.eval_envs, run.eval_envs.single_action_space
     obs, _ = envs.reset(seed=run.args.seed + 10_000)
@@ -886,7 +1046,7 @@ def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.nd
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         actions = policy(torch.as_tensor(run.obs_rms.normalize(obs), device=run.device)).cpu().numpy()
-        obs, rewards, terminated, truncated, _ = envs.step(np.clip(actions, space.low, space.high))
+        obs, rewards, terminated, truncated, _ = envs.step(run.agent.policy.env_action(actions, space.low, space.high))
         if frames is not None and not finished[0]:
             frames.append(envs.unwrapped.envs[0].render())
         returns += rewards * ~finished
@@ -982,8 +1142,9 @@ def check_args(args: Args, gl_backend: str | None) -> None:
         require(getattr(args, name) > 0, name, "> 0")
     for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
         require(getattr(args, name) >= 1, name, ">= 1")
-    for name in ("ent_coef", "vf_coef", "rpo_alpha"):
+    for name in ("ent_coef", "vf_coef"):
         require(getattr(args, name) >= 0, name, ">= 0")
+    require(args.rpo_alpha is None or args.rpo_alpha >= 0, "rpo_alpha", ">= 0 (0: no shift; unset: the family's)")
     for name in ("torch_threads", "eval_interval"):
         require(getattr(args, name) >= 0, name, ">= 0 (0: the default)")
     for name in ("gamma", "gae_lambda"):

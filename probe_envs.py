@@ -13,6 +13,7 @@ exactly its reward. Importing this module registers every id with gymnasium.
 | 3 obs 0 then obs 1, reward +1 only at the end | discounting, bootstrapping across steps | ``V(0) = gamma``, ``V(1) = 1`` |
 | 4 constant obs 0, one step, reward depends on the action | advantages and the policy gradient | discrete: action 1 (reward +1; action 0 gives -1); continuous: action 0.5 (reward ``1 - (a - 0.5)^2``); ``V(0)`` = the policy's expected reward (1 once deterministic) |
 | 5 obs +-1 at random, one step, reward when the action matches the obs | the policy conditions on the observation | discrete: action 0 for obs -1, action 1 for obs +1 (reward +1, else -1); continuous: action ``0.5 * obs`` (reward ``1 - (a - 0.5 obs)^2``); ``V(+-1)`` = the policy's expected reward (1 once deterministic) |
+| 6 (continuous only) obs +-1 at random, one step, reward ``1 - (a - obs)^2`` | the policy plays a bound (bang-bang control) | action ``obs``, the box's bound on that side; ``V(+-1)`` = the policy's expected reward |
 
 ``expected_outcomes(env_id, gamma)`` returns these targets as data, so tests and the
 CLI (``python probe_envs.py``) check a trained agent against the same table.
@@ -25,16 +26,18 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-CONTINUOUS_TARGET = 0.5  # the best continuous action of probe 4, and the scale of probe 5's
+CONTINUOUS_TARGET = 0.5  # the best continuous action of probe 4, and the scale of probe 5's (probe 6's is 1: the bound)
+CONTINUOUS_ONLY = (6,)  # probes with no discrete flavour
 
 
 class ProbeEnv(gym.Env):
-    """One probe; ``probe`` in 1..5 picks the task, ``continuous`` the action space."""
+    """One probe; ``probe`` in 1..6 picks the task (6: continuous only), ``continuous`` the action space."""
 
     metadata = {"render_modes": []}
 
     def __init__(self, probe: int, continuous: bool, render_mode: str | None = None):
-        assert probe in (1, 2, 3, 4, 5), f"probe must be 1..5, got {probe}"
+        assert probe in (1, 2, 3, 4, 5, 6), f"probe must be 1..6, got {probe}"
+        assert continuous or probe not in CONTINUOUS_ONLY, f"probe {probe} has no discrete flavour"
         self.probe, self.continuous = probe, continuous
         self.render_mode = render_mode  # accepted for a uniform gym.make call; probes draw nothing
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
@@ -52,14 +55,14 @@ class ProbeEnv(gym.Env):
         super().reset(seed=seed)
         self._t = 0
         random_sign = float(self.np_random.choice([-1.0, 1.0]))
-        self._obs = random_sign if self.probe in (2, 5) else 0.0
+        self._obs = random_sign if self.probe in (2, 5, 6) else 0.0
         return self._observation(), {}
 
-    def _action_reward(self, action, best: float) -> float:
-        """+1/-1 for the right/wrong discrete action; ``1 - (a - a*)^2`` for a continuous one."""
+    def _action_reward(self, action, best: float, scale: float = CONTINUOUS_TARGET) -> float:
+        """+1/-1 for the right/wrong discrete action; ``1 - (a - a*)^2`` for a continuous one, ``a* = scale * best``."""
         if self.continuous:
             a = float(np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[0], -1.0, 1.0))
-            return 1.0 - (a - CONTINUOUS_TARGET * best) ** 2
+            return 1.0 - (a - scale * best) ** 2
         return 1.0 if int(action) == (1 if best > 0 else 0) else -1.0
 
     def step(self, action):
@@ -74,8 +77,10 @@ class ProbeEnv(gym.Env):
             reward = 1.0
         elif self.probe == 4:
             reward = self._action_reward(action, best=1.0)
-        else:
+        elif self.probe == 5:
             reward = self._action_reward(action, best=self._obs)
+        else:
+            reward = self._action_reward(action, best=self._obs, scale=1.0)
         return self._observation(), float(reward), True, False, {}
 
 
@@ -96,7 +101,7 @@ class ProbeCheck:
 
 def probe_ids(continuous: bool) -> list[str]:
     kind = "Continuous" if continuous else "Discrete"
-    return [f"Probe{k}{kind}-v0" for k in range(1, 6)]
+    return [f"Probe{k}{kind}-v0" for k in range(1, 7) if continuous or k not in CONTINUOUS_ONLY]
 
 
 def is_probe_id(env_id: str) -> bool:
@@ -118,14 +123,15 @@ def expected_outcomes(env_id: str, gamma: float) -> list[ProbeCheck]:
         3: [ProbeCheck(0.0, gamma, None), ProbeCheck(1.0, 1.0, None)],
         4: [ProbeCheck(0.0, None, best(1.0))],
         5: [ProbeCheck(-1.0, None, best(-1.0)), ProbeCheck(1.0, None, best(1.0))],
+        6: [ProbeCheck(-1.0, None, -1.0), ProbeCheck(1.0, None, 1.0)],
     }[probe]
 
 
 def register_probes() -> None:
     for continuous in (False, True):
-        for k, env_id in enumerate(probe_ids(continuous), start=1):
+        for env_id in probe_ids(continuous):
             if env_id not in gym.registry:
-                gym.register(env_id, entry_point=ProbeEnv, kwargs={"probe": k, "continuous": continuous})
+                gym.register(env_id, entry_point=ProbeEnv, kwargs={"probe": int(env_id[5]), "continuous": continuous})
 
 
 register_probes()

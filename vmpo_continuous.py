@@ -1,4 +1,4 @@
-"""V-MPO for continuous control with a Gaussian policy that the env clips, in one file.
+"""V-MPO for continuous control with a Gaussian policy that the env clips (or a Beta on the action box), in one file.
 
 V-MPO (Song et al., 2019, "V-MPO: On-Policy Maximum a Posteriori Policy Optimization for Discrete and Continuous
 Control", https://arxiv.org/abs/1909.12238) is an on-policy EM-style algorithm. Per rollout, the E-step weights the top
@@ -7,7 +7,10 @@ bound epsilon_eta); the M-step fits the policy to the weighted samples under dec
 mean and covariance (bounds epsilon_mu, epsilon_sigma), and the value to its targets, in m_steps minibatch steps.
 
 The policy is a Gaussian whose samples the env gets clipped to its bounds, as PPO's; the M-step fits the probability of
-the action the env played. This file's departures from the paper are the third group of `Args`, each with the value that
+the action the env played. That is `--policy auto` on the control suite, whose rewards pay for full force; on any other
+env it trains a Beta on the action box (Chou et al., 2017, "Improving Stochastic Policy Gradients in Continuous Control
+with Deep Reinforcement Learning using the Beta Distribution"), whose calm actions keep gymnasium's Ant up where the
+Gaussian's bang-bang ones make it fall; the decoupled bounds then hold the Beta's mean and concentration. This file's departures from the paper are the third group of `Args`, each with the value that
 gives the paper's: chiefly `--m-step clip`, which bounds the pull toward the top-k samples and adds a bounded push off
 the bottom-k ones (`--m-step seed` is the paper's update).
 
@@ -50,7 +53,7 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Args:
-    """V-MPO with a Gaussian policy that the env clips, for continuous actions, in one file."""
+    """V-MPO for continuous actions (a Gaussian policy that the env clips, or a Beta on the box), in one file."""
 
     # The run, as CleanRL's scripts have it.
     exp_name: str = "vmpo_continuous"
@@ -132,15 +135,20 @@ class Args:
     value_hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of the value encoder"""
     init_log_std: float = 0.0
-    """initial log-std of the Gaussian (0: std 1): the log-std parameter, or the log-std head's bias"""
+    """initial log-std of the Gaussian (0: std 1): the log-std parameter, or the log-std head's bias (--policy gaussian)"""
 
     # This file's departures from the paper: each default, and the value that gives the paper's.
+    policy: Literal["auto", "gaussian", "beta"] = "auto"
+    """the policy family. auto: gaussian on dm_control/... tasks, beta on any other env (paper: a Gaussian).
+    gaussian: the env clips its samples (it acts bang-bang, which the control suite rewards).
+    beta: a Beta on the action box (calm, where rewards charge for torque)"""
     m_step: Literal["seed", "clip"] = "clip"
     """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's)"""
     m_step_clip: float = 0.2
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
-    rpo_alpha: float = 0.5
-    """RPO's shift: the M-step's likelihood under mean + U(-alpha, alpha), fresh per M-step (0: none, the paper's)"""
+    rpo_alpha: float | None = None
+    """RPO's shift: the M-step's likelihood with the policy's outputs (the Gaussian's mean, the Beta's logits) moved by
+    U(-alpha, alpha), fresh per M-step; None: the family's, gaussian 0.5, beta 0.2 (0: none, the paper's)"""
     gae_lambda: float = 0.95
     """lambda of the GAE targets (1: the paper's n-step returns over the rollout; 0: one-step TD)"""
     anneal_lr: bool = True
@@ -192,45 +200,160 @@ def make_encoder(in_dim: int, hidden_sizes: tuple[int, ...], ppo_like: bool) -> 
 
 
 class Agent(nn.Module):
-    def __init__(self, obs_dim: int, action_space, policy_hidden_sizes, value_hidden_sizes, init_log_std=0.0, ppo_like=True):
+    def __init__(self, obs_dim: int, action_space, policy: str, policy_hidden_sizes, value_hidden_sizes, init_log_std=0.0,
+                 ppo_like=True):  # fmt: skip
         super().__init__()
-        act_dim, self.ppo_like = action_space.shape[0], ppo_like
+        act_dim = action_space.shape[0]
         self.policy_encoder = make_encoder(obs_dim, policy_hidden_sizes, ppo_like)
         features = policy_hidden_sizes[-1] if policy_hidden_sizes else obs_dim
-        self.policy_mean = linear(features, act_dim, ppo_like, std=0.01)
-        if ppo_like:  # a state-independent log-std
-            self.policy_log_std = nn.Parameter(torch.full((act_dim,), init_log_std))
-        else:  # a state-dependent log-std head that starts at init_log_std
-            self.policy_log_std = nn.Linear(features, act_dim)
-            nn.init.constant_(self.policy_log_std.bias, init_log_std)
+        self.policy_head = POLICIES[policy](features, act_dim, init_log_std, ppo_like)  # the family: its parameters, its math
         self.value_encoder = make_encoder(obs_dim, value_hidden_sizes, ppo_like)
         self.value_head = linear(value_hidden_sizes[-1] if value_hidden_sizes else obs_dim, 1, ppo_like, std=1.0)
         # The env's action bounds: not saved in checkpoints (the env gives them).
         self.register_buffer("action_low", torch.as_tensor(action_space.low, dtype=torch.float32), persistent=False)
         self.register_buffer("action_high", torch.as_tensor(action_space.high, dtype=torch.float32), persistent=False)
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return *self.policy(obs), self.value(obs)
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.policy(obs), self.value(obs)
 
-    def policy(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The Gaussian over the sample u, (mean, clamped log-std): all that acting needs."""
-        h = self.policy_encoder(obs)
-        mean = self.policy_mean(h)
-        log_std = self.policy_log_std.expand_as(mean) if self.ppo_like else self.policy_log_std(h)
-        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+    def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The policy's parameters, two vectors stacked on dim -2 (the family's: Gaussian mean and log-std, or the Beta's
+        two logits): all that acting needs."""
+        return self.policy_head(self.policy_encoder(obs))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.value_head(self.value_encoder(obs)).squeeze(-1)
 
-    def clip_action(self, u: torch.Tensor) -> torch.Tensor:
-        """The action the env plays for a sample u: the rollout stores u, the env gets it clipped to its bounds."""
-        # LaTeX: a = \operatorname{clip}(u, a_{low}, a_{high})
-        return torch.clamp(u, self.action_low, self.action_high)
+    def env_action(self, u: torch.Tensor) -> torch.Tensor:
+        """The action the env plays for a sample u (the rollout stores u)."""
+        return self.policy_head.env_action(u, self.action_low, self.action_high)
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The evaluated action: the mean action E[clip(u)]; with a wide std, clip(mean) sits far nearer the bounds."""
-        mean, log_std = self.policy(obs)
-        return clipped_gaussian_mean(mean, log_std.exp(), self.action_low, self.action_high)
+        """The evaluated action: the policy's mean action (for the Gaussian E[clip(u)], not clip(mean))."""
+        return self.policy_head.mean_action(self.policy(obs), self.action_low, self.action_high)
+
+
+class GaussianPolicy(nn.Module):
+    """--policy gaussian, RPO's: u ~ N(mu_theta(s), sigma_theta(s)); the env plays a = clip(u), so a mean past a bound
+    plays the bound exactly, and the fit is of a's probability. Parameters: (mean, clamped log-std)."""
+
+    def __init__(self, features: int, act_dim: int, init_log_std: float, ppo_like: bool):
+        super().__init__()
+        self.mean, self.ppo_like = linear(features, act_dim, ppo_like, std=0.01), ppo_like
+        if ppo_like:  # a state-independent log-std
+            self.log_std = nn.Parameter(torch.full((act_dim,), init_log_std))
+        else:  # a state-dependent log-std head that starts at init_log_std
+            self.log_std = nn.Linear(features, act_dim)
+            nn.init.constant_(self.log_std.bias, init_log_std)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        mean = self.mean(h)
+        log_std = self.log_std.expand_as(mean) if self.ppo_like else self.log_std(h)
+        return torch.stack([mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)], dim=-2)
+
+    @staticmethod
+    def sample(params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        mean, log_std = params.unbind(-2)
+        # LaTeX: u_t \sim \mathcal{N}(\mu_\theta(s_t), \sigma_\theta(s_t))
+        return mean + log_std.exp() * torch.randn(mean.shape, generator=generator, device=mean.device)
+
+    @staticmethod
+    def env_action(u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        # LaTeX: a = \operatorname{clip}(u, a_{low}, a_{high})
+        return torch.clamp(u, low, high)
+
+    @staticmethod
+    def shift(params: torch.Tensor, alpha: float) -> torch.Tensor:
+        mean, log_std = params.unbind(-2)
+        return torch.stack([rpo_perturbation(mean, alpha), log_std], dim=-2)
+
+    @staticmethod
+    def log_prob(params: torch.Tensor, u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        return clipped_gaussian_log_prob(*params.unbind(-2), u, low, high)
+
+    @staticmethod
+    def decoupled_kl(params: torch.Tensor, old_params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return decoupled_kl(*params.unbind(-2), *old_params.unbind(-2))
+
+    @staticmethod
+    def entropy(params: torch.Tensor) -> torch.Tensor:
+        return gaussian_entropy(params[..., 1, :])
+
+    @staticmethod
+    def mean_action(params: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        mean, log_std = params.unbind(-2)
+        return clipped_gaussian_mean(mean, log_std.exp(), low, high)
+
+    @staticmethod
+    def at_bounds(u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        return u != torch.clamp(u, low, high)
+
+
+class BetaPolicy(nn.Module):
+    """--policy beta: x ~ Beta(alpha_theta(s), beta_theta(s)) per dimension, the env plays a = low + (high - low) x. With
+    alpha, beta > 1 it is unimodal and never U-shaped: full force is a choice the fit makes, not where a wide start puts
+    the actions. Parameters: the two logits. Its likelihood is x's density (the box's scale cancels in every ratio)."""
+
+    def __init__(self, features: int, act_dim: int, init_log_std: float, ppo_like: bool):
+        super().__init__()
+        self.logits = linear(features, 2 * act_dim, ppo_like, std=0.01)  # near 0: Beta(1.69, 1.69) in every state
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.logits(h).unflatten(-1, (2, -1))
+
+    @staticmethod
+    def concentrations(params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        alpha_logit, beta_logit = params.unbind(-2)
+        # LaTeX: \alpha_j = 1 + \operatorname{softplus}(\ell^\alpha_j(s)), \quad \beta_j = 1 + \operatorname{softplus}(\ell^\beta_j(s))
+        return 1.0 + nn.functional.softplus(alpha_logit), 1.0 + nn.functional.softplus(beta_logit)
+
+    @classmethod
+    def sample(cls, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        # Beta sampling takes no generator: a given one seeds a forked copy of the global ones, which stay untouched.
+        devices = [params.device] if params.is_cuda else []
+        with torch.random.fork_rng(devices=devices, enabled=generator is not None):
+            if generator is not None:
+                torch.manual_seed(int(torch.randint(2**31, (), generator=generator, device=generator.device)))
+            # LaTeX: x_t \sim \mathrm{Beta}(\alpha_\theta(s_t), \beta_\theta(s_t)), \ x_t \in [10^{-6}, 1 - 10^{-6}]
+            x = torch.distributions.Beta(*cls.concentrations(params)).sample()
+        return x.clamp(BETA_EPS, 1.0 - BETA_EPS)  # a float32 sample can round to 0 or 1, where the density is 0
+
+    @staticmethod
+    def env_action(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        # LaTeX: a = a_{low} + (a_{high} - a_{low})\, x
+        return low + (high - low) * x
+
+    @staticmethod
+    def shift(params: torch.Tensor, alpha: float) -> torch.Tensor:
+        # LaTeX: \tilde{\ell}_\theta(s_t) = \ell_\theta(s_t) + z_t, \quad z_t \sim \mathcal{U}(-\alpha_{rpo}, \alpha_{rpo})^{2d}
+        return torch.stack([rpo_perturbation(logit, alpha) for logit in params.unbind(-2)], dim=-2)  # both logits
+
+    @classmethod
+    def log_prob(cls, params: torch.Tensor, x: torch.Tensor, low=None, high=None) -> torch.Tensor:
+        return beta_log_prob(*cls.concentrations(params), x)
+
+    @classmethod
+    def decoupled_kl(cls, params: torch.Tensor, old_params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return beta_decoupled_kl(*cls.concentrations(params), *cls.concentrations(old_params))
+
+    @classmethod
+    def entropy(cls, params: torch.Tensor) -> torch.Tensor:
+        return beta_entropy(*cls.concentrations(params))
+
+    @classmethod
+    def mean_action(cls, params: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        alpha, beta = cls.concentrations(params)
+        # LaTeX: \mathbb{E}[a] = a_{low} + (a_{high} - a_{low}) \frac{\alpha}{\alpha + \beta}
+        return cls.env_action(alpha / (alpha + beta), low, high)
+
+    @staticmethod
+    def at_bounds(x: torch.Tensor, low=None, high=None) -> torch.Tensor:
+        return torch.minimum(x, 1.0 - x) < 0.01  # within 1% of the box's width from a bound
+
+
+POLICIES = {"gaussian": GaussianPolicy, "beta": BetaPolicy}
+RPO_ALPHA = {"gaussian": 0.5, "beta": 0.2}  # --rpo-alpha's default per family: the values the runs chose
+BETA_EPS = 1e-6
 
 
 def clipped_gaussian_mean(mean: torch.Tensor, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
@@ -259,6 +382,49 @@ def clipped_gaussian_log_prob(mean, log_std, u: torch.Tensor, low: torch.Tensor,
 def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
     # LaTeX: \mathcal{H} = \sum_j \tfrac{1}{2}\left(1 + \log(2\pi\sigma_j^2)\right)
     return (0.5 * (1.0 + math.log(2 * math.pi)) + log_std).sum(-1)
+
+
+def log_beta_function(alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    # LaTeX: \log B(\alpha, \beta) = \log\Gamma(\alpha) + \log\Gamma(\beta) - \log\Gamma(\alpha + \beta)
+    return torch.lgamma(alpha) + torch.lgamma(beta) - torch.lgamma(alpha + beta)
+
+
+def beta_log_prob(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """log Beta(x | alpha, beta), summed over dimensions."""
+    # LaTeX: \log \pi(x \mid s) = \sum_j (\alpha_j - 1) \log x_j + (\beta_j - 1) \log(1 - x_j) - \log B(\alpha_j, \beta_j)
+    return ((alpha - 1.0) * torch.log(x) + (beta - 1.0) * torch.log1p(-x) - log_beta_function(alpha, beta)).sum(-1)
+
+
+def beta_entropy(alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    total, digamma = alpha + beta, torch.special.digamma
+    # LaTeX: \mathcal{H} = \sum_j \log B(\alpha_j, \beta_j) - (\alpha_j - 1)\psi(\alpha_j) - (\beta_j - 1)\psi(\beta_j) + (\alpha_j + \beta_j - 2)\psi(\alpha_j + \beta_j)
+    h = log_beta_function(alpha, beta) - (alpha - 1) * digamma(alpha) - (beta - 1) * digamma(beta)
+    return (h + (total - 2.0) * digamma(total)).sum(-1)
+
+
+def beta_kl(alpha_p, beta_p, alpha_q, beta_q) -> torch.Tensor:
+    """KL(Beta(alpha_p, beta_p) || Beta(alpha_q, beta_q)) per dimension."""
+    digamma, total_p = torch.special.digamma, alpha_p + beta_p
+    # LaTeX: \mathrm{KL}(p \| q) = \log \tfrac{B(\alpha_q, \beta_q)}{B(\alpha_p, \beta_p)} + (\alpha_p - \alpha_q)\psi(\alpha_p) + (\beta_p - \beta_q)\psi(\beta_p) + (\alpha_q - \alpha_p + \beta_q - \beta_p)\psi(\alpha_p + \beta_p)
+    kl = log_beta_function(alpha_q, beta_q) - log_beta_function(alpha_p, beta_p)
+    kl = kl + (alpha_p - alpha_q) * digamma(alpha_p) + (beta_p - beta_q) * digamma(beta_p)
+    return kl + (alpha_q - alpha_p + beta_q - beta_p) * digamma(total_p)
+
+
+def beta_decoupled_kl(alpha, beta, old_alpha, old_beta) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-MPO's decoupled bounds for a Beta, written with its mean m = alpha / (alpha + beta) and concentration
+    k = alpha + beta: D_mu moves the mean at the old concentration, D_sigma the concentration at the old mean."""
+    mean, conc, old_mean, old_conc = (
+        alpha / (alpha + beta),
+        alpha + beta,
+        old_alpha / (old_alpha + old_beta),
+        old_alpha + old_beta,
+    )
+    # LaTeX: D_\mu(s_t) = \sum_j \mathrm{KL}\big(\mathrm{B}(m^{old}_j, k^{old}_j) \,\|\, \mathrm{B}(m_j, k^{old}_j)\big), \quad \mathrm{B}(m, k) = \mathrm{Beta}(m k, (1 - m) k)
+    kl_mu = beta_kl(old_alpha, old_beta, mean * old_conc, (1.0 - mean) * old_conc).sum(-1)
+    # LaTeX: D_\sigma(s_t) = \sum_j \mathrm{KL}\big(\mathrm{B}(m^{old}_j, k^{old}_j) \,\|\, \mathrm{B}(m^{old}_j, k_j)\big)
+    kl_sigma = beta_kl(old_alpha, old_beta, old_mean * conc, (1.0 - old_mean) * conc).sum(-1)
+    return kl_mu, kl_sigma
 
 
 # ---------------------------------------------------------------------------------------
@@ -318,9 +484,8 @@ class Rollout:
     step: it holds the real final observation (row t+1 is always s_{t+1}); its action is ignored and its weight is 0."""
 
     obs: torch.Tensor
-    u: torch.Tensor  # the Gaussian's samples (the env played a = clip(u)): the M-step fits the played action's probability
-    means: torch.Tensor  # the acting policy's Gaussian
-    log_stds: torch.Tensor
+    u: torch.Tensor  # the policy's samples (the env played a = env_action(u)): the M-step fits the played action's probability
+    params: torch.Tensor  # the acting policy's parameters, (..., 2, act_dim)
     rewards: torch.Tensor  # scaled with --reward-scaling
     values: torch.Tensor
     terminated: torch.Tensor
@@ -331,9 +496,8 @@ class Rollout:
     def empty(cls, num_steps: int, envs: gym.vector.VectorEnv, device: torch.device) -> Rollout:
         zeros = lambda *shape: torch.zeros((num_steps, envs.num_envs, *shape), device=device)  # noqa: E731
         act_dim = envs.single_action_space.shape[0]
-        per_action = {name: zeros(act_dim) for name in ("u", "means", "log_stds")}
         per_step = {name: zeros() for name in ("rewards", "values", "terminated", "truncated", "resets")}
-        return cls(obs=zeros(*envs.single_observation_space.shape), **per_action, **per_step)
+        return cls(obs=zeros(*envs.single_observation_space.shape), u=zeros(act_dim), params=zeros(2, act_dim), **per_step)
 
     def batch(self, advantages: torch.Tensor, returns: torch.Tensor, device: torch.device) -> dict[str, torch.Tensor]:
         fields = {**vars(self), "advantages": advantages, "returns": returns}
@@ -350,11 +514,10 @@ def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.T
     for step in range(num_steps):
         buf.obs[step] = next_obs
         buf.resets[step] = torch.as_tensor(prev_done, dtype=torch.float32)  # 1 after an episode end: a reset step
-        mean, log_std = agent.policy(next_obs)
-        # LaTeX: u_t \sim \mathcal{N}(\mu_\theta(s_t), \sigma_\theta(s_t))
-        u = mean + log_std.exp() * torch.randn_like(mean)
-        buf.u[step], buf.means[step], buf.log_stds[step] = u, mean, log_std
-        raw_obs, reward, terminated, truncated, infos = envs.step(agent.clip_action(u).cpu().numpy())
+        params = agent.policy(next_obs)
+        u = agent.policy_head.sample(params)
+        buf.u[step], buf.params[step] = u, params
+        raw_obs, reward, terminated, truncated, infos = envs.step(agent.env_action(u).cpu().numpy())
         obs_rms.update(raw_obs)
         next_obs = torch.as_tensor(obs_rms.normalize(raw_obs), device=next_obs.device)
         prev_done = terminated | truncated
@@ -490,21 +653,21 @@ def clipped_likelihood_loss(weights, push_weights, log_ratio: torch.Tensor, clip
     return pull + push
 
 
-def m_step_losses(mean, log_std, values, mb: dict, low, high, m_step: str, clip: float, rpo_alpha: float) -> dict:
-    """The M-step's losses on one minibatch from the networks' outputs on it: the likelihood loss of --m-step, the decoupled
-    KLs over the selected samples, the value loss. `mb` holds the acting Gaussian (means, log_stds), the samples u and
-    their log-probability under it, the E-step's weights (psi, psi_minus, selected), `restarting` and `returns`."""
-    # RPO's shift moves only the likelihood's mean: the KL bounds, the old log-probability and acting see the policy's own.
-    shifted_mean = rpo_perturbation(mean, rpo_alpha)
-    # LaTeX: \log \pi_\theta(a_t|s_t) = \log \pi(\operatorname{clip}(u_t) \mid \tilde{\mu}_\theta(s_t), \sigma_\theta(s_t))
-    log_prob = clipped_gaussian_log_prob(shifted_mean, log_std, mb["u"], low, high)
+def m_step_losses(family, params, values, mb: dict, low, high, m_step: str, clip: float, rpo_alpha: float) -> dict:
+    """The M-step's losses on one minibatch from the networks' outputs on it (the policy's parameters under `family`): the
+    likelihood loss of --m-step, the decoupled KLs over the selected samples, the value loss. `mb` holds the acting
+    policy's parameters, the samples u and their log-probability under it, the E-step's weights (psi, psi_minus,
+    selected), `restarting` and `returns`."""
+    # RPO's shift moves only the likelihood's policy: the KL bounds, the old log-probability and acting see its own.
+    # LaTeX: \log \pi_\theta(a_t|s_t) = \log \pi(\operatorname{clip}(u_t) \mid \tilde{\mu}_\theta(s_t), \sigma_\theta(s_t)) \ \text{(Gaussian)}, \quad \log \mathrm{Beta}(x_t \mid \tilde{\alpha}_\theta(s_t), \tilde{\beta}_\theta(s_t)) \ \text{(Beta)}
+    log_prob = family.log_prob(family.shift(params, rpo_alpha), mb["u"], low, high)
     # LaTeX: \log \rho_t = \log \pi_\theta(a_t|s_t) - \log \pi_{old}(a_t|s_t)
     log_ratio = log_prob - mb["old_log_prob"]
     if m_step == "clip":
         likelihood_loss = clipped_likelihood_loss(mb["psi"], mb["psi_minus"], log_ratio, clip)
     else:
         likelihood_loss = nll_loss(mb["psi"], log_prob)
-    kl_mu_t, kl_sigma_t = decoupled_kl(mean, log_std, mb["means"], mb["log_stds"])
+    kl_mu_t, kl_sigma_t = family.decoupled_kl(params, mb["params"])
     # LaTeX: (D_\mu, D_\sigma) = \frac{1}{N_{sel}} \sum_{t \in \mathcal{S}} \big(D_\mu(s_t), D_\sigma(s_t)\big)
     kl_mu, kl_sigma = masked_mean(kl_mu_t, mb["selected"]), masked_mean(kl_sigma_t, mb["selected"])
     # LaTeX: \mathcal{L}_V = \frac{1}{2 N_{valid}} \sum_{t : w^{restart}_t = 1} (V_\phi(s_t) - R_t)^2
@@ -555,15 +718,16 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     push_weights = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)["weights"]
     low, high = agent.action_low, agent.action_high
     # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
-    fields = {key: batch[key] for key in ("obs", "u", "means", "log_stds", "returns")}
-    fields["old_log_prob"] = clipped_gaussian_log_prob(batch["means"], batch["log_stds"], batch["u"], low, high)
+    family = agent.policy_head
+    fields = {key: batch[key] for key in ("obs", "u", "params", "returns")}
+    fields["old_log_prob"] = family.log_prob(batch["params"], batch["u"], low, high)
     fields["psi"], fields["psi_minus"] = args.num_minibatches * estep["weights"], args.num_minibatches * push_weights
     fields["selected"], fields["restarting"] = estep["selected_weights"], restarting
 
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
     for mb in minibatches(fields, args.num_minibatches, args.m_steps):
-        mean, log_std, values = agent(mb["obs"])
-        losses = m_step_losses(mean, log_std, values, mb, low, high, args.m_step, args.m_step_clip, args.rpo_alpha)
+        params, values = agent(mb["obs"])
+        losses = m_step_losses(family, params, values, mb, low, high, args.m_step, args.m_step_clip, args.rpo_alpha)
         # The multipliers' dual loss, KLs held constant: minimizing it grows alpha while its KL is above epsilon.
         alpha_mu, alpha_sigma = duals.alphas()
         kl_mu, kl_sigma = losses["kl_mu"].detach(), losses["kl_sigma"].detach()
@@ -588,7 +752,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         valid, ratio = mb["restarting"], losses["log_ratio"].exp()
         stats = {"losses/policy_loss": policy_loss, "losses/value_loss": losses["value"], "losses/alpha_loss": alpha_loss}
         stats["losses/temperature_loss"] = estep["dual_loss"]
-        stats["losses/entropy"] = masked_mean(gaussian_entropy(log_std), mb["selected"])
+        stats["losses/entropy"] = masked_mean(family.entropy(params), mb["selected"])
         stats["losses/clipfrac"] = masked_mean(((ratio - 1.0).abs() > args.m_step_clip).float(), valid)
         stats["kl/mu"], stats["kl/sigma"] = masked_mean(losses["kl_mu_t"], valid), masked_mean(losses["kl_sigma_t"], valid)
         stats |= {"vmpo/alpha_mu": alpha_mu, "vmpo/alpha_sigma": alpha_sigma, "vmpo/temperature": duals.temperature()}
@@ -661,10 +825,12 @@ def set_up(args: Args) -> Run:
         nothing = f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's step"
         raise ConfigError(f"{nothing} {source['global_step']}; pass a larger total to continue")
     check_args(args, gl_backend)
-    if not args.eval_only:  # the checkpoint records the resolved backend, so --resume keeps it
+    if not args.eval_only:  # the checkpoint records the resolved policy and backend, so --resume keeps them
+        policy, rpo_alpha, note = choose_policy(args)
+        print(note)
         backend, note = choose_env_backend(args)
         print(note)
-        args = dataclasses.replace(args, env_backend=backend)
+        args = dataclasses.replace(args, policy=policy, rpo_alpha=rpo_alpha, env_backend=backend)
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
@@ -688,7 +854,7 @@ def set_up(args: Args) -> Run:
     threads = args.torch_threads or torch.get_num_threads()  # the update's and EnvPool's
     envs = None if args.eval_only else make_training_envs(args, args.seed, threads)
     with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
-        network = (args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std, args.ppo_like_backbone)
+        network = (args.policy, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std, args.ppo_like_backbone)
         agent = Agent(eval_envs.single_observation_space.shape[0], eval_envs.single_action_space, *network).to(device)
     duals = DualVariables(args.temperature_init, args.alpha_init).to(device)
     obs_rms = RunningMeanStd(eval_envs.single_observation_space.shape, args.norm_obs)
@@ -788,7 +954,8 @@ def train(args: Args) -> dict:
             trained = batch["resets"] == 0  # the value's fit over the trained samples, with the values that acted
             stats["losses/explained_variance"] = explained_variance(batch["values"][trained], batch["returns"][trained])
             # The share of sampled action components the env clipped: near 1, the policy acts bang-bang at the bounds.
-            stats["charts/actions_at_bounds"] = (batch["u"] != agent.clip_action(batch["u"]))[trained].float().mean()
+            at_bounds = agent.policy_head.at_bounds(batch["u"], agent.action_low, agent.action_high)
+            stats["charts/actions_at_bounds"] = at_bounds[trained].float().mean()
             for key, value in stats.items():
                 writer.add_scalar(key, value, run.global_step)
 
@@ -955,6 +1122,25 @@ def envpool_task_id(gym_id: str) -> str | None:
     return task_id if task_id in envpool.list_all_envs() else None
 
 
+def choose_policy(args: Args) -> tuple[str, float, str]:
+    """--policy and --rpo-alpha resolved, and one line that says which family trains and why. `auto` picks what the
+    benchmarks chose per suite: the Gaussian where the control suite rewards full force (walker, finger, hopper), the
+    Beta elsewhere: gymnasium's MuJoCo tasks, like most real rewards, charge for torque, and the Gaussian's bang-bang
+    actions make the ant fall (benchmarks/README.md, "Why each default")."""
+    policy, why = args.policy, f"--policy {args.policy}"
+    if policy == "auto":
+        control_suite = args.env_id.startswith("dm_control/")
+        policy = "gaussian" if control_suite else "beta"
+        suite = (
+            "is a control-suite task, whose rewards pay for full force"
+            if control_suite
+            else ("is not a control-suite task; rewards elsewhere mostly charge for torque")
+        )
+        why = f"--policy auto: {args.env_id} {suite}"
+    rpo_alpha = RPO_ALPHA[policy] if args.rpo_alpha is None else args.rpo_alpha
+    return policy, rpo_alpha, f"policy: {policy} ({why}), RPO shift alpha {rpo_alpha}"
+
+
 def choose_env_backend(args: Args) -> tuple[str, str]:
     """The training envs' backend for --env-backend and one line that says which; a ConfigError where it cannot serve."""
     gym_id = resolve_env_id(args.env_id)
@@ -1045,8 +1231,7 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
 
     def sampled_action(obs: torch.Tensor) -> torch.Tensor:
-        mean, log_std = run.agent.policy(obs)
-        return run.agent.clip_action(mean + log_std.exp() * torch.randn(mean.shape, generator=noise, device=mean.device))
+        return run.agent.env_action(run.agent.policy_head.sample(run.agent.policy(obs), generator=noise))
 
     returns, lengths = run_episodes(run, run.agent.deterministic_action, video_name)
     sampled_returns, _ = run_episodes(run, sampled_action)
@@ -1164,7 +1349,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     positive = ("epsilon_eta", "epsilon_mu", "epsilon_sigma", "temperature_init", "alpha_init", "policy_lr", "value_lr")
     for name in (*positive, "temperature_lr", "alpha_lr", "max_grad_norm"):
         require(getattr(args, name) > 0, name, "> 0")
-    require(args.rpo_alpha >= 0, "rpo_alpha", ">= 0 (0: no shift)")
+    require(args.rpo_alpha is None or args.rpo_alpha >= 0, "rpo_alpha", ">= 0 (0: no shift; unset: the family's)")
     require(args.lr_horizon >= 0, "lr_horizon", ">= 0 (0: anneal over --total-timesteps)")
     for name in ("num_envs", "num_steps", "m_steps", "num_minibatches", "eval_episodes"):
         require(getattr(args, name) >= 1, name, ">= 1")

@@ -690,6 +690,32 @@ def test_without_observation_normalization_the_checkpoint_still_holds_its_statis
 
 
 @pytest.mark.parametrize("name", ["ppo_continuous", "vmpo_continuous"])
+def test_policy_auto_trains_the_gaussian_on_the_control_suite_and_the_beta_elsewhere(name):
+    """--policy auto by the env id's suite; --rpo-alpha unset takes the family's; explicit flags win."""
+    module = importlib.import_module(name)
+    choose = lambda **kw: module.choose_policy(module.Args(**kw))[:2]  # noqa: E731
+    assert choose(env_id="dm_control/walker/walk") == ("gaussian", 0.5)
+    assert choose(env_id="dm_control/cartpole-swingup-v0") == ("gaussian", 0.5)
+    for env_id in ("Ant-v5", "Pendulum-v1", "Probe4Continuous-v0", "MyCompany/Arm-v0"):
+        assert choose(env_id=env_id) == ("beta", 0.2), env_id
+    assert choose(env_id="Ant-v5", policy="gaussian") == ("gaussian", 0.5)
+    assert choose(env_id="dm_control/walker/walk", policy="beta", rpo_alpha=0.0) == ("beta", 0.0)
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous", "vmpo_continuous"])
+def test_the_first_line_of_a_run_names_its_policy_and_why_and_the_checkpoint_keeps_it(name, checkpoints, tmp_path):
+    proc = run_cli(f"{name}.py", [*tiny_cli(name, "--total-timesteps", str(BATCH), "--output-dir", str(tmp_path))])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = proc.stdout.splitlines()[0]
+    why = "--policy auto: Pendulum-v1 is not a control-suite task; rewards elsewhere mostly charge for torque"
+    assert first == f"policy: beta ({why}), RPO shift alpha 0.2", first
+    saved = torch.load(checkpoints[name], weights_only=True)["args"]
+    assert (saved["policy"], saved["rpo_alpha"]) == ("beta", 0.2)  # resolved: a resume trains what the run trained
+    help_text = run_cli(f"{name}.py", ["--help"]).stdout
+    assert "auto: gaussian on dm_control/... tasks, beta on any other env" in " ".join(help_text.replace("│", " ").split())
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous", "vmpo_continuous"])
 def test_evaluation_logs_the_sampled_policy_and_failed_episodes_without_touching_trainings_rng(name, tmp_path):
     module = importlib.import_module(name)
     args = tyro.cli(module.Args, args=tiny_cli(name, "--total-timesteps", str(BATCH), "--output-dir", str(tmp_path)))
@@ -709,7 +735,9 @@ def test_evaluation_logs_the_sampled_policy_and_failed_episodes_without_touching
 def test_actions_at_bounds_is_the_share_of_samples_the_env_clips(name, log_std, tmp_path):
     """The first rollout's `charts/actions_at_bounds` against P(|u| > 2), u ~ N(0, sigma^2): the initial mean is about
     0 and Pendulum's bound is 2. Wide (sigma 7.4), about 0.79 of 128 samples are clipped (1 sd 0.04); narrow, none."""
-    cli = tiny_cli(name, "--init-log-std", str(log_std), "--total-timesteps", str(BATCH), "--eval-interval", "0")
+    cli = tiny_cli(
+        name, "--policy", "gaussian", "--init-log-std", str(log_std), "--total-timesteps", str(BATCH), "--eval-interval", "0"
+    )
     result = train(name, *cli, "--output-dir", str(tmp_path))
     [(step, logged)] = read_scalars(result["run_dir"])["charts/actions_at_bounds"]
     expected = 1 - math.erf(2 / (math.exp(log_std) * math.sqrt(2)))

@@ -54,11 +54,17 @@ def test_action_probes_rewards():
         assert r == pytest.approx(1.0)
         ((obs, r, _, _),) = rollout("Probe5Continuous-v0", lambda o: -0.5 * o, seed)
         assert r == pytest.approx(0.0)
+        ((obs, r, _, _),) = rollout("Probe6Continuous-v0", lambda o: 1.0 * o, seed)  # the bound on the obs's side
+        assert r == pytest.approx(1.0)
+        ((obs, r, _, _),) = rollout("Probe6Continuous-v0", lambda o: 0.5 * o, seed)
+        assert r == pytest.approx(0.75)
 
 
 def test_expected_outcomes_table():
     assert probe_envs.expected_outcomes("Probe3Discrete-v0", 0.9)[0].value == 0.9
     assert probe_envs.expected_outcomes("Probe5Continuous-v0", 0.9)[0].action == -0.5
     assert probe_envs.expected_outcomes("Probe5Discrete-v0", 0.9)[1].action == 1
+    assert probe_envs.expected_outcomes("Probe6Continuous-v0", 0.9)[0].action == -1.0
+    assert "Probe6Discrete-v0" not in probe_envs.probe_ids(False)
     with pytest.raises(ValueError, match="not a probe id"):
         probe_envs.expected_outcomes("CartPole-v1", 0.9)
