@@ -6,7 +6,7 @@ Writes `<out>/results.md` (also printed) with one row per algo/tag x env (runs o
 `common.FRESH_SEEDS_FROM` and above, in a row of their own, "<tag> (fresh seeds)"): the final
 evaluation return as mean ± std over seeds (population std, ddof=0), each seed's value,
 the steps, the mean wall time and the mean training return of the last 10 episodes before the
-final evaluation; and `<out>/curves_<env>.png` per env: eval return against
+final evaluation; and `<out>/curves/curves_<env>.png` per env: eval return against
 env steps and against wall time, one line per algo/tag (mean over seeds, min-max band).
 
 Then the aggregate, per suite (`common.AGGREGATE_SUITES`) and per algo/tag that ran every task of it: each run's final
@@ -356,8 +356,9 @@ def main() -> int:
     md += "\n" + table30(groups)
     (out / "results.md").write_text(md)
     print(md, end="")
+    (out / "curves").mkdir(exist_ok=True)
     for env in sorted({k[0] for k in groups}):
-        path = out / f"curves_{common.slug(env)}.png"
+        path = out / "curves" / f"curves_{common.slug(env)}.png"
         plot_env(env, {k: v for k, v in groups.items() if k[0] == env}, path)
         print(f"wrote {path}")
     if flagship := flagship_groups(groups):

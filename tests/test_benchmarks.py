@@ -234,7 +234,7 @@ def test_report_table_and_curves(tmp_path):
 
     import matplotlib.image
 
-    pngs = sorted((tmp_path / "report").glob("*.png"))
+    pngs = sorted((tmp_path / "report" / "curves").glob("*.png"))
     assert [p.name for p in pngs] == ["curves_CartPole-v1.png", "curves_dm_control-cartpole-balance.png"]
     for png in pngs:
         image = matplotlib.image.imread(png)
@@ -428,7 +428,7 @@ def test_report_on_runner_results(grid, tmp_path):
     assert row[5] == f"{statistics.fmean(finals):.1f} ± {statistics.pstdev(finals):.1f}"
     trains = [float(r["train_return"]) for r in read_csv(out) if r["step"] == str(BUDGET)]
     assert row[9] == f"{statistics.fmean(trains):.1f}"
-    assert (tmp_path / "curves_CartPole-v1.png").stat().st_size > 20_000
+    assert (tmp_path / "curves" / "curves_CartPole-v1.png").stat().st_size > 20_000
 
 
 def test_throughput_reports_both_sps_and_their_ratio(tmp_path):

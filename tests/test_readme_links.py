@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import ROOT
 
-PAGES = ["README.md", "CONTRIBUTING.md", "CHANGELOG.md", "benchmarks/README.md", "benchmarks/results/reference.md"]
+PAGES = ["README.md", "CONTRIBUTING.md", "CHANGELOG.md", "benchmarks/README.md"]
+PAGES += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks" / "results").glob("*.md"))
+PAGES += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks" / "studies").rglob("*.md"))
 PAGES += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The heading anchors GitHub gives a Markdown page: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 
 def relative_links(page: str) -> list[str]:
@@ -24,6 +33,15 @@ def test_every_relative_link_resolves_inside_the_repository(page):
     for link in relative_links(page):
         target = ((ROOT / page).parent / link.split("#")[0]).resolve()
         assert target.exists() and ROOT in target.parents, f"{page}: link {link!r} does not resolve inside the repository"
+        if "#" in link and target.suffix == ".md":
+            assert link.split("#")[1] in anchors(target), f"{page}: link {link!r} names no heading of its page"
+
+
+def test_the_studies_index_links_every_study():
+    studies = ROOT / "benchmarks" / "studies"
+    linked = {(studies / link.split("#")[0]).resolve() for link in relative_links("benchmarks/studies/README.md")}
+    pages = {p.resolve() for p in studies.rglob("*.md")} - {(studies / "README.md").resolve()}
+    assert pages and not pages - linked, f"studies missing from benchmarks/studies/README.md: {sorted(pages - linked)}"
 
 
 def test_the_readme_reads_in_two_minutes():
