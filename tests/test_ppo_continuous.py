@@ -458,6 +458,7 @@ def test_ctrl_c_saves_checkpoint_and_resume_continues_like_an_uninterrupted_run(
     """
     flags = dict(
         env_id="Probe4Continuous-v0",
+        policy="beta",  # what --policy auto trains there, on both sides of the comparison
         total_timesteps=9600,
         num_envs=4,
         num_steps=16,

@@ -1026,7 +1026,7 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
         (dict(num_minibatches=0), r"--num-minibatches must be >= 1, got 0"),
         (dict(topk_fraction=0.0), r"--topk-fraction must be in \(0, 1\], got 0.0"),
         (dict(topk_fraction=1.5), r"--topk-fraction must be in \(0, 1\], got 1.5"),
-        (dict(rpo_alpha=-0.5), r"--rpo-alpha must be >= 0 \(0: no shift\), got -0.5"),
+        (dict(rpo_alpha=-0.5), r"--rpo-alpha must be >= 0 \(0: no shift; unset: the family's\), got -0.5"),
         (dict(lr_horizon=-1), r"--lr-horizon must be >= 0 \(0: anneal over --total-timesteps\), got -1"),
         (dict(epsilon_eta=0.0), r"--epsilon-eta must be > 0"),
         (dict(epsilon_mu=-0.1), r"--epsilon-mu must be > 0"),
