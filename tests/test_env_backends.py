@@ -198,7 +198,7 @@ def test_short_episodes_on_envpool_train_no_reset_step_and_bootstrap_from_the_fi
         # The values, computed in one pass after the rollout, are V of each row's observation, one env step at a time;
         # train() bootstraps row t from row t + 1, so at a truncation from the real final observation (row 5).
         with torch.no_grad():
-            torch.testing.assert_close(rollout.values, torch.stack([agent(row)[2] for row in rollout.obs]))
+            torch.testing.assert_close(rollout.values, torch.stack([agent(row)[1] for row in rollout.obs]))
         # The E-step never selects a reset step, whatever its advantage.
         advantages = torch.where(rollout.resets == 0, -1.0, 100.0).flatten()
         selected = module.e_step(advantages, 1.0 - rollout.resets.flatten(), torch.tensor(1.0), 1.0, 0.1)["selected_weights"]
