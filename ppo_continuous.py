@@ -168,8 +168,9 @@ class Agent(nn.Module):
     """Separate policy and value MLPs, orthogonal init; the policy MLP outputs the family's parameters (the Gaussian's
     mean, whose log-std is a state-independent parameter of the family, or the Beta's logits)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, policy: str, policy_hidden_sizes: tuple, value_hidden_sizes: tuple,
-                 init_log_std=0.0):  # fmt: skip
+    def __init__(
+        self, obs_dim: int, act_dim: int, policy: str, policy_hidden_sizes: tuple, value_hidden_sizes: tuple, init_log_std=0.0
+    ):
         super().__init__()
         self.critic = mlp(obs_dim, tuple(value_hidden_sizes), 1, out_std=1.0)
         # A near-zero last layer starts the same policy in every state (Andrychowicz et al., 2021).
@@ -919,12 +920,9 @@ def choose_policy(args: Args) -> tuple[str, float, str]:
     if policy == "auto":
         control_suite = args.env_id.startswith("dm_control/")
         policy = "gaussian" if control_suite else "beta"
-        suite = (
-            "is a control-suite task, whose rewards pay for full force"
-            if control_suite
-            else ("is not a control-suite task; rewards elsewhere mostly charge for torque")
-        )
-        why = f"--policy auto: {args.env_id} {suite}"
+        is_control = "is a control-suite task, whose rewards pay for full force"
+        is_other = "is not a control-suite task; rewards elsewhere mostly charge for torque"
+        why = f"--policy auto: {args.env_id} {is_control if control_suite else is_other}"
     rpo_alpha = RPO_ALPHA[policy] if args.rpo_alpha is None else args.rpo_alpha
     return policy, rpo_alpha, f"policy: {policy} ({why}), RPO shift alpha {rpo_alpha}"
 
@@ -1037,8 +1035,8 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
 
 
 def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One episode per eval env, acting with the env's mapping of `policy(normalized obs)`; the returns and lengths. With `video_name`, env 0's
-    episode goes to `<run_dir>/videos/<video_name>.mp4`."""
+    """One episode per eval env, acting with the env's mapping of `policy(normalized obs)`; the returns and lengths.
+    With `video_name`, env 0's episode goes to `<run_dir>/videos/<video_name>.mp4`."""
     envs, space = run.eval_envs, run.eval_envs.single_action_space
     obs, _ = envs.reset(seed=run.args.seed + 10_000)
     frames = [envs.unwrapped.envs[0].render()] if video_name else None

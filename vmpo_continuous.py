@@ -200,8 +200,9 @@ def make_encoder(in_dim: int, hidden_sizes: tuple[int, ...], ppo_like: bool) -> 
 
 
 class Agent(nn.Module):
-    def __init__(self, obs_dim: int, action_space, policy: str, policy_hidden_sizes, value_hidden_sizes, init_log_std=0.0,
-                 ppo_like=True):  # fmt: skip
+    def __init__(
+        self, obs_dim: int, action_space, policy: str, policy_hidden_sizes, value_hidden_sizes, init_log_std=0.0, ppo_like=True
+    ):
         super().__init__()
         act_dim = action_space.shape[0]
         self.policy_encoder = make_encoder(obs_dim, policy_hidden_sizes, ppo_like)
@@ -1131,12 +1132,9 @@ def choose_policy(args: Args) -> tuple[str, float, str]:
     if policy == "auto":
         control_suite = args.env_id.startswith("dm_control/")
         policy = "gaussian" if control_suite else "beta"
-        suite = (
-            "is a control-suite task, whose rewards pay for full force"
-            if control_suite
-            else ("is not a control-suite task; rewards elsewhere mostly charge for torque")
-        )
-        why = f"--policy auto: {args.env_id} {suite}"
+        is_control = "is a control-suite task, whose rewards pay for full force"
+        is_other = "is not a control-suite task; rewards elsewhere mostly charge for torque"
+        why = f"--policy auto: {args.env_id} {is_control if control_suite else is_other}"
     rpo_alpha = RPO_ALPHA[policy] if args.rpo_alpha is None else args.rpo_alpha
     return policy, rpo_alpha, f"policy: {policy} ({why}), RPO shift alpha {rpo_alpha}"
 
