@@ -10,9 +10,11 @@ The policy is a Gaussian whose samples the env gets clipped to its bounds, as PP
 the action the env played. That is `--policy auto` on the control suite, whose rewards pay for full force; on any other
 env it trains a Beta on the action box (Chou et al., 2017, "Improving Stochastic Policy Gradients in Continuous Control
 with Deep Reinforcement Learning using the Beta Distribution"), whose calm actions keep gymnasium's Ant up where the
-Gaussian's bang-bang ones make it fall; the decoupled bounds then hold the Beta's mean and concentration. This file's departures from the paper are the third group of `Args`, each with the value that
-gives the paper's: chiefly `--m-step clip`, which bounds the pull toward the top-k samples and adds a bounded push off
-the bottom-k ones (`--m-step seed` is the paper's update).
+Gaussian's bang-bang ones make it fall; the decoupled bounds then hold the Beta's mean and concentration.
+
+This file's departures from the paper are the third group of `Args`, each with the value that gives the paper's:
+chiefly `--m-step clip`, which bounds the pull toward the top-k samples and adds a bounded push off the bottom-k ones
+(`--m-step seed` is the paper's update).
 
 Run:
     python vmpo_continuous.py --env-id dm_control/walker/walk --cuda
