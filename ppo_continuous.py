@@ -1,9 +1,9 @@
 """PPO for continuous actions: a diagonal Gaussian (or Beta) policy trained with the clipped surrogate and GAE.
 
 PPO (Schulman et al., 2017, https://arxiv.org/abs/1707.06347) with GAE (Schulman et al., 2016, arXiv:1506.02438):
-the policy's mean is an MLP, its log std a free parameter, the value a separate MLP; actions are clipped only where
+the Gaussian's mean is an MLP, its log std a free parameter, the value a separate MLP; actions are clipped only where
 they enter the env; a truncated episode (every dm_control episode) bootstraps from its final observation's value.
-By default the update evaluates the policy at a randomly shifted mean, as RPO does (Rahman & Xue, 2022, "Robust
+By default the update evaluates the policy at a randomly shifted mean (the Beta: shifted logits), as RPO does (Rahman & Xue, 2022, "Robust
 Policy Optimization in Deep Reinforcement Learning", https://arxiv.org/abs/2212.07536); `--rpo-alpha 0` is plain PPO.
 That Gaussian is `--policy auto` on the control suite, whose rewards pay for full force; on any other env it trains a
 Beta on the action box (Chou et al., 2017, "Improving Stochastic Policy Gradients in Continuous Control with Deep
@@ -111,7 +111,8 @@ class Args:
     beta: a Beta on the action box (calm, where rewards charge for torque)"""
     rpo_alpha: float | None = None
     """RPO: the update shifts the policy's outputs (the Gaussian's mean, the Beta's logits) by Uniform(-alpha, alpha)
-    noise, holding the spread up; None: the family's, gaussian 0.5, beta 0.2; 0: plain PPO"""
+    noise, holding the Gaussian's spread up (the Beta's only while it is wide: a logit's shift moves a concentration by
+    at most alpha); None: the family's, gaussian 0.5, beta 0.2; 0: plain PPO"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer sizes of the policy-mean MLP"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
@@ -519,8 +520,8 @@ def approx_kl(logratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def rpo_perturbation(mean: torch.Tensor, alpha: float) -> torch.Tensor:
-    """RPO's shifted mean: fresh noise per sample and action dimension, every time the update evaluates the policy. The
-    rollout's log-probabilities are not shifted."""
+    """RPO's shifted mean (the Gaussian's mean, or each of the Beta's two logits): fresh noise per sample and action
+    dimension, every time the update evaluates the policy. The rollout's log-probabilities are not shifted."""
     if alpha == 0.0:
         return mean
     # LaTeX: \tilde{\mu}_\theta(s_t) = \mu_\theta(s_t) + z_t, \quad z_t \sim \mathcal{U}(-\alpha, \alpha)^d
@@ -544,8 +545,8 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
         shuffled = packed[torch.randperm(size).to(packed.device)]
         for minibatch in shuffled[: minibatch_size * args.num_minibatches].split(minibatch_size):
             obs, actions, old_logprob, advantages, returns, old_values = minibatch.split(widths, dim=1)
-            out = rpo_perturbation(agent.actor(obs), args.rpo_alpha)
-            new_logprob = agent.policy.log_prob(out, actions).unsqueeze(1)
+            out = agent.actor(obs)
+            new_logprob = agent.policy.log_prob(rpo_perturbation(out, args.rpo_alpha), actions).unsqueeze(1)
             # LaTeX: \log \rho_t = \log \pi_\theta(a_t \mid s_t) - \log \pi_{\theta_\mathrm{old}}(a_t \mid s_t)
             logratio = new_logprob - old_logprob
             ratio = torch.exp(logratio)
@@ -754,7 +755,8 @@ def train(args: Args) -> dict:
             stats["explained_variance"] = explained_variance(batch["values"], batch["returns"])
             for key, value in stats.items():
                 writer.add_scalar(f"losses/{key}", value, run.global_step)
-            # The share of sampled action components the env clipped: near 1, the policy acts bang-bang at the bounds.
+            # The share of sampled action components at a bound (the Gaussian's, clipped there; the Beta's, within 1% of
+            # the box's width): near 1, the policy acts bang-bang.
             space = run.envs.single_action_space
             clipped = agent.policy.at_bounds(rollout.actions, space.low, space.high)
             writer.add_scalar("charts/actions_at_bounds", clipped[rollout.resets == 0].mean(), run.global_step)

@@ -125,9 +125,9 @@ class Args:
     norm_adv: bool = True
     """normalize advantages over the batch's trained samples (not reset steps)"""
     epsilon_mu: float = 0.05
-    """KL bound on the change of the Gaussian mean per iteration"""
+    """KL bound on the change of the policy's mean per iteration (the Gaussian's mean, the Beta's mean)"""
     epsilon_sigma: float = 0.001
-    """KL bound on the change of the Gaussian covariance per iteration"""
+    """KL bound on the change of the policy's spread per iteration (the Gaussian's covariance, the Beta's concentration)"""
     alpha_init: float = 1.0
     """initial alpha_mu and alpha_sigma (KL Lagrange multipliers)"""
     alpha_lr: float = 1e-2
@@ -633,8 +633,9 @@ def decoupled_kl(mean, log_std, old_mean, old_log_std) -> tuple[torch.Tensor, to
 
 
 def rpo_perturbation(mean: torch.Tensor, alpha: float) -> torch.Tensor:
-    """--rpo-alpha (Rahman & Xue, 2022, "Robust Policy Optimization"): the mean shifted by fresh uniform noise, so the
-    fit to the top k cannot pull the std in as tightly as around the mean itself; 0 returns the mean and draws nothing."""
+    """--rpo-alpha (Rahman & Xue, 2022, "Robust Policy Optimization"): the mean (or each of the Beta's logits) shifted by
+    fresh uniform noise, so the fit to the top k cannot pull the spread in as tightly as around the mean itself; 0 returns
+    the input and draws nothing."""
     if alpha == 0:
         return mean
     # LaTeX: \tilde{\mu}_\theta(s_t) = \mu_\theta(s_t) + z_t, \quad z_{t,j} \sim \mathcal{U}(-\alpha_{rpo}, \alpha_{rpo})
@@ -956,7 +957,8 @@ def train(args: Args) -> dict:
             writer.add_scalar("charts/SPS", sps, run.global_step)
             trained = batch["resets"] == 0  # the value's fit over the trained samples, with the values that acted
             stats["losses/explained_variance"] = explained_variance(batch["values"][trained], batch["returns"][trained])
-            # The share of sampled action components the env clipped: near 1, the policy acts bang-bang at the bounds.
+            # The share of sampled action components at a bound (the Gaussian's, clipped there; the Beta's, within 1% of
+            # the box's width): near 1, the policy acts bang-bang.
             at_bounds = agent.policy_head.at_bounds(batch["u"], agent.action_low, agent.action_high)
             stats["charts/actions_at_bounds"] = at_bounds[trained].float().mean()
             for key, value in stats.items():
@@ -1226,8 +1228,8 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
-    """One episode per eval env with the deterministic action E[clip(u)], then one sampled from the same starts, on the
-    frozen normalizer; logs `eval/*` (where the two policies part) and returns the deterministic returns."""
+    """One episode per eval env with the deterministic action, the policy's mean action (the Gaussian's E[clip(u)]), then
+    one sampled from the same starts, on the frozen normalizer; logs `eval/*` (where the two policies part) and returns the deterministic returns."""
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
 
     def sampled_action(obs: torch.Tensor) -> torch.Tensor:
