@@ -3,8 +3,9 @@
 PPO (Schulman et al., 2017, https://arxiv.org/abs/1707.06347) with GAE (Schulman et al., 2016, arXiv:1506.02438):
 the Gaussian's mean is an MLP, its log std a free parameter, the value a separate MLP; actions are clipped only where
 they enter the env; a truncated episode (every dm_control episode) bootstraps from its final observation's value.
-By default the update evaluates the policy at a randomly shifted mean (the Beta: shifted logits), as RPO does (Rahman & Xue, 2022, "Robust
-Policy Optimization in Deep Reinforcement Learning", https://arxiv.org/abs/2212.07536); `--rpo-alpha 0` is plain PPO.
+By default the update evaluates the policy at a randomly shifted mean (the Beta: shifted logits), as RPO does (Rahman
+& Xue, 2022, "Robust Policy Optimization in Deep Reinforcement Learning", https://arxiv.org/abs/2212.07536);
+`--rpo-alpha 0` is plain PPO.
 That Gaussian is `--policy auto` on the control suite, whose rewards pay for full force; on any other env it trains a
 Beta on the action box (Chou et al., 2017, "Improving Stochastic Policy Gradients in Continuous Control with Deep
 Reinforcement Learning using the Beta Distribution"): the MLP outputs its two logits, and its calm actions keep

@@ -1229,7 +1229,8 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
     """One episode per eval env with the deterministic action, the policy's mean action (the Gaussian's E[clip(u)]), then
-    one sampled from the same starts, on the frozen normalizer; logs `eval/*` (where the two policies part) and returns the deterministic returns."""
+    one sampled from the same starts, on the frozen normalizer; logs `eval/*` (where the two policies part) and returns
+    the deterministic returns."""
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
 
     def sampled_action(obs: torch.Tensor) -> torch.Tensor:
