@@ -125,7 +125,7 @@ class Args:
     norm_adv: bool = True
     """normalize advantages over the batch's trained samples (not reset steps)"""
     epsilon_mu: float = 0.05
-    """KL bound on the change of the policy's mean per iteration (the Gaussian's mean, the Beta's mean)"""
+    """KL bound on the change of the policy's mean per iteration (the Gaussian's or the Beta's)"""
     epsilon_sigma: float = 0.001
     """KL bound on the change of the policy's spread per iteration (the Gaussian's covariance, the Beta's concentration)"""
     alpha_init: float = 1.0

@@ -829,10 +829,10 @@ def probe_5_beta(tmp_path, push: bool) -> tuple[np.ndarray, np.ndarray]:
     """The Beta's evaluated actions and (alpha, beta) at observations -1 and +1 after 19,200 steps of probe 5."""
     out = V.train(probe_args("Probe5Continuous-v0", "beta", "clip", V.RPO_ALPHA["beta"], 19_200, tmp_path / str(push)))
     agent, obs_rms = saved_policy(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), tmp_path / f"{push}-loaded")
+    obs = torch.as_tensor(obs_rms.normalize(np.array([[-1.0], [1.0]])))
     with torch.no_grad():
-        params = agent.policy(torch.as_tensor(obs_rms.normalize(np.array([[-1.0], [1.0]]))))
-        alpha, beta = V.BetaPolicy.concentrations(params)
-        actions = agent.deterministic_action(torch.as_tensor(obs_rms.normalize(np.array([[-1.0], [1.0]]))))
+        alpha, beta = V.BetaPolicy.concentrations(agent.policy(obs))
+        actions = agent.deterministic_action(obs)
     return actions.numpy()[:, 0], torch.cat([alpha, beta], -1).numpy()
 
 
