@@ -344,25 +344,39 @@ def test_report_table22_over_the_published_8m_figures(tmp_path):
     assert image.shape[1] >= 700 and image[..., :3].std() > 0.05
 
 
+def table30_runs(tag: str, control_level: float | None, mujoco_values, common) -> tuple[list[str], list[list[float]]]:
+    """A config's result rows on the 30 tasks (no control rows when `control_level` is None; no rows for a MuJoCo task
+    whose `mujoco_values(t, env)` is None) and its (task, seed) scores in the report's task order."""
+    random, lines, scores = common.random_returns(), [], []
+    if control_level is not None:
+        for t, (env, (_, rpo)) in enumerate(common.PUBLISHED_8M.items()):
+            values = [control_level + 0.3 * s**2 * (t % 5 - 2) / 22 for s in (1, 2)]  # spread over tasks and seeds
+            for seed, v in zip((1, 2), values, strict=True):
+                lines += run_lines("vmpo_continuous", tag, env, seed, 1_000_000, v * rpo)
+            scores.append(values)
+    for t, ((env, budget), bar) in enumerate(common.MUJOCO_BARS.items()):
+        values = mujoco_values(t, env)
+        if values is None:
+            continue
+        for seed, v in zip((1, 2), values, strict=True):
+            lines += run_lines("vmpo_continuous", tag, env, seed, budget, random[env] + v * (bar - random[env]))
+        scores.append(list(values))
+    return lines, scores
+
+
 def test_report_applies_the_30_task_rule(tmp_path, common):
     """Issue 56's rule: A qualifies; B's 22-task IQM is under 0.75; C has a MuJoCo task whose mean score is under 0.2
     (one seed above it); D lacks Swimmer (left out). Scores, IQMs and the verdicts are computed here independently."""
-    random = common.random_returns()
-    control = {env: rpo for env, (_, rpo) in common.PUBLISHED_8M.items()}
-    lines, scores = [], {"A": [], "B": [], "C": []}  # per config: (task, seed) scores in the report's task order
+    lines, scores = [], {}
     for tag, level in (("A", 0.9), ("B", 0.6), ("C", 0.9), ("D", 0.9)):
-        for t, (env, rpo) in enumerate(control.items()):
-            values = [level + 0.3 * s**2 * (t % 5 - 2) / 22 for s in (1, 2)]  # spread over tasks and seeds
-            for seed, v in zip((1, 2), values, strict=True):
-                lines += run_lines("vmpo_continuous", tag, env, seed, 1_000_000, v * rpo)
-            scores.get(tag, []).append(values)
-        for t, ((env, budget), bar) in enumerate(common.MUJOCO_BARS.items()):
+
+        def mujoco(t, env, tag=tag):
             if tag == "D" and env == "Swimmer-v5":
-                continue
-            values = (0.1, 0.25) if tag == "C" and env == "Hopper-v5" else (0.5 + 0.1 * t, 0.3 + 0.1 * t)
-            for seed, v in zip((1, 2), values, strict=True):
-                lines += run_lines("vmpo_continuous", tag, env, seed, budget, random[env] + v * (bar - random[env]))
-            scores.get(tag, []).append(list(values))
+                return None
+            return (0.1, 0.25) if tag == "C" and env == "Hopper-v5" else (0.5 + 0.1 * t, 0.3 + 0.1 * t)
+
+        tag_lines, scores[tag] = table30_runs(tag, level, mujoco, common)
+        lines += tag_lines
     (tmp_path / "r.csv").write_text(RESULT_HEADER + "".join(lines))
     proc = bench("report.py", tmp_path / "r.csv", "--out", tmp_path / "report")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -383,6 +397,25 @@ def test_report_applies_the_30_task_rule(tmp_path, common):
         assert cells[8] == f"{list(common.MUJOCO_BARS)[lowest][0]} {task_means[lowest]:.2f}"
         assert cells[9] == ("yes" if control_iqm >= 0.75 and task_means[lowest] >= 0.2 else "no")
     assert [r.strip("| ").split(" | ")[9] for r in rows] == ["yes", "no", "no"]  # the fixture covers each verdict
+
+
+def test_report_scores_the_gaussian_everywhere_on_the_defaults_control_runs(tmp_path, common):
+    """`policy gaussian` ran MuJoCo only: table30 scores it on the defaults' 22 control runs (what `--policy auto`
+    trains there) and its own MuJoCo runs; `policy beta`, with MuJoCo runs only and no such source, is left out."""
+    defaults_lines, defaults_scores = table30_runs("defaults", 0.9, lambda t, env: (1.0, 1.1), common)
+    gaussian_lines, gaussian_scores = table30_runs("policy gaussian", None, lambda t, env: (0.05 * t, 0.1), common)
+    beta_lines, _ = table30_runs("policy beta", None, lambda t, env: (0.9, 0.9), common)
+    (tmp_path / "r.csv").write_text(RESULT_HEADER + "".join(defaults_lines + gaussian_lines + beta_lines))
+    proc = bench("report.py", tmp_path / "r.csv", "--out", tmp_path / "report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    md = (tmp_path / "report" / "results.md").read_text()
+    rows = {r.split(" | ")[2]: r.strip("| ").split(" | ") for r in md.splitlines() if r.startswith("| table30 |")}
+    assert sorted(rows) == ["defaults", "policy gaussian"]
+    x = np.array(defaults_scores[:22] + gaussian_scores)  # (30 tasks, 2 seeds)
+    cells = rows["policy gaussian"]
+    assert float(re.findall(r"[\d.]+", cells[5])[0]) == pytest.approx(trimmed_iqm(x), abs=1e-3)
+    assert cells[7] == rows["defaults"][7]  # the same 22 control runs
+    assert cells[8:] == ["Ant-v5 0.05", "no"]  # Ant (first MuJoCo task) scores (0 + 0.1) / 2 and falls
 
 
 def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path, common):
