@@ -22,6 +22,7 @@ gymnasium's Ant up where the Gaussian's bang-bang ones make it fall.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import dataclasses
 import importlib.util
@@ -118,8 +119,8 @@ class Args:
     """hidden layer sizes of the policy-mean MLP"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of the value MLP"""
-    init_log_std: float = 0.0
-    """initial log standard deviation of the Gaussian policy (0: std 1 on actions in [-1, 1]; --policy gaussian)"""
+    init_log_std: float | None = None
+    """initial log standard deviation of the Gaussian policy (None: 0, std 1 on actions in [-1, 1]); the Beta has none"""
     norm_obs: bool = True
     """normalize observations by one running mean/std shared by all training envs (clipped to [-10, 10])"""
     reward_scaling: bool = True
@@ -158,176 +159,161 @@ def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 
     return layer
 
 
-def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
+def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int = 0, out_std: float = 1.0) -> nn.Sequential:
+    """Linear+Tanh hidden layers, then a linear layer of out_dim outputs (0: none, the last hidden layer's features)."""
     layers, last = [], in_dim
     for size in hidden_sizes:
         layers += [layer_init(nn.Linear(last, size)), nn.Tanh()]
         last = size
-    return nn.Sequential(*layers, layer_init(nn.Linear(last, out_dim), std=out_std))
+    return nn.Sequential(*layers, *([layer_init(nn.Linear(last, out_dim), std=out_std)] if out_dim else []))
 
 
 class Agent(nn.Module):
-    """Separate policy and value MLPs, orthogonal init; the policy MLP outputs the family's parameters (the Gaussian's
-    mean, whose log-std is a state-independent parameter of the family, or the Beta's logits)."""
+    """Separate policy and value MLPs, orthogonal init; the policy MLP's features go to the family's head."""
 
     def __init__(
-        self, obs_dim: int, act_dim: int, policy: str, policy_hidden_sizes: tuple, value_hidden_sizes: tuple, init_log_std=0.0
+        self, obs_dim: int, action_space, policy: str, policy_hidden_sizes: tuple, value_hidden_sizes: tuple, init_log_std=0.0
     ):
         super().__init__()
         self.critic = mlp(obs_dim, tuple(value_hidden_sizes), 1, out_std=1.0)
-        # A near-zero last layer starts the same policy in every state (Andrychowicz et al., 2021).
-        self.actor = mlp(obs_dim, tuple(policy_hidden_sizes), POLICIES[policy].outputs_per_dim * act_dim, out_std=0.01)
-        self.policy = POLICIES[policy](act_dim, init_log_std)  # the family: its math, and the Gaussian's log-std
+        self.actor = mlp(obs_dim, tuple(policy_hidden_sizes))
+        features = policy_hidden_sizes[-1] if policy_hidden_sizes else obs_dim
+        self.policy_head = POLICIES[policy](features, action_space, init_log_std)  # the family
+
+    def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The family's parameters `params`: the Gaussian's mean, or the Beta's two logits (..., 2, act_dim)."""
+        return self.policy_head(self.actor(obs))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
 
 
-def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Log-density of a diagonal Gaussian at `x`, summed over action dimensions."""
-    # LaTeX: \log \pi_\theta(a \mid s) = -\sum_j (\frac{(a_j - \mu_j)^2}{2 \sigma_j^2} + \log \sigma_j) - \frac{d}{2} \log 2\pi
-    return -(((x - mean) * torch.exp(-log_std)).pow(2).mul(0.5) + log_std + 0.5 * math.log(2.0 * math.pi)).sum(-1)
+class BoxPolicy(nn.Module):
+    """What every family shares: a linear head from the policy MLP's features to the family's `params`, near zero so the
+    policy starts the same in every state (Andrychowicz et al., 2021), and the env's action box, buffers on the family's
+    device (the env gives them, so checkpoints hold none). An infinite bound stands at +-UNBOUNDED, which no sample
+    reaches, so each formula on the box stays finite."""
 
-
-def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
-    """Entropy of the diagonal Gaussian; the std is state-independent, so so is the entropy."""
-    # LaTeX: \mathcal{H}[\pi_\theta(\cdot \mid s)] = \sum_j \left(\log \sigma_j + \frac{1}{2} \log (2 \pi e)\right)
-    return (log_std + 0.5 * (math.log(2.0 * math.pi) + 1.0)).sum(-1)
-
-
-def log_beta_function(alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    # LaTeX: \log B(\alpha, \beta) = \log\Gamma(\alpha) + \log\Gamma(\beta) - \log\Gamma(\alpha + \beta)
-    return torch.lgamma(alpha) + torch.lgamma(beta) - torch.lgamma(alpha + beta)
-
-
-def beta_log_prob(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """log Beta(x | alpha, beta), summed over action dimensions."""
-    # LaTeX: \log \pi_\theta(x \mid s) = \sum_j (\alpha_j - 1) \log x_j + (\beta_j - 1) \log(1 - x_j) - \log B(\alpha_j, \beta_j)
-    return ((alpha - 1.0) * torch.log(x) + (beta - 1.0) * torch.log1p(-x) - log_beta_function(alpha, beta)).sum(-1)
-
-
-def beta_entropy(alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    total, digamma = alpha + beta, torch.special.digamma
-    # LaTeX: \mathcal{H} = \sum_j \log B(\alpha_j, \beta_j) - (\alpha_j - 1)\psi(\alpha_j) - (\beta_j - 1)\psi(\beta_j) + (\alpha_j + \beta_j - 2)\psi(\alpha_j + \beta_j)
-    h = log_beta_function(alpha, beta) - (alpha - 1) * digamma(alpha) - (beta - 1) * digamma(beta)
-    return (h + (total - 2.0) * digamma(total)).sum(-1)
-
-
-# ---------------------------------------------------------------------------------------
-# Policy families: what the rollout, the update and the evaluation ask of a policy
-# ---------------------------------------------------------------------------------------
-class GaussianPolicy(nn.Module):
-    """--policy gaussian, RPO's: a ~ N(mu_theta(s), diag(sigma^2)), a state-independent log-std; the env plays clip(a), so
-    a mean past a bound plays the bound exactly. The actor outputs the mean."""
-
-    outputs_per_dim = 1
-
-    def __init__(self, act_dim: int, init_log_std: float):
+    def __init__(self, features: int, outputs: int, action_space: gym.spaces.Box):
         super().__init__()
-        self.log_std = nn.Parameter(torch.full((act_dim,), float(init_log_std)))
+        head = layer_init(nn.Linear(features, outputs), std=0.01)
+        self.weight, self.bias = head.weight, head.bias  # held here, so the family's own parameters come after them
+        for name in ("low", "high"):
+            bound = np.nan_to_num(getattr(action_space, name), posinf=UNBOUNDED, neginf=-UNBOUNDED)
+            self.register_buffer(name, torch.as_tensor(bound, dtype=torch.float32), persistent=False)
 
-    def numpy_params(self) -> dict[str, np.ndarray]:
-        return {"log_std": self.log_std.detach().cpu().numpy().astype(np.float32)}
-
-    @staticmethod
-    def act(out: np.ndarray, log_std: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The rollout's sampled action (unclipped) and its log-probability, in numpy."""
-        noise = np.random.standard_normal(out.shape).astype(np.float32)
-        # LaTeX: a_t = \mu_\theta(s_t) + \sigma \odot \xi_t, \quad \xi_t \sim \mathcal{N}(0, I)
-        action = out + np.exp(log_std) * noise
-        # gaussian_log_prob's density written with the noise, since (a - mu) / sigma = xi.
-        # LaTeX: \log \pi_\theta(a_t \mid s_t) = -\frac{1}{2} \|\xi_t\|^2 - \sum_j \log \sigma_j - \frac{d}{2} \log 2\pi
-        logprob = -0.5 * np.square(noise).sum(-1) - (log_std.sum() + 0.5 * math.log(2.0 * math.pi) * out.shape[-1])
-        return action, logprob
-
-    def sample(self, out: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        return out + self.log_std.exp() * torch.randn(out.shape, generator=generator, device=out.device)
-
-    def log_prob(self, out: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        return gaussian_log_prob(out, self.log_std, action)
-
-    def entropy(self, out: torch.Tensor) -> torch.Tensor:
-        return gaussian_entropy(self.log_std).expand(out.shape[:-1])
-
-    @staticmethod
-    def mean_action(out: torch.Tensor) -> torch.Tensor:
-        return out  # the evaluation plays clip(mu)
-
-    @staticmethod
-    def env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-        # LaTeX: a^{env}_t = \operatorname{clip}(a_t, a_{low}, a_{high})
-        return np.clip(action, low, high)
-
-    @staticmethod
-    def at_bounds(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-        return action != np.clip(action, low, high)
+    def at_bounds(self, action: torch.Tensor) -> torch.Tensor:
+        """Which components of the env's action lie within 1% of the box's width from a bound (a clipped one: on it)."""
+        return torch.minimum(action - self.low, self.high - action) < 0.01 * (self.high - self.low)
 
 
-class BetaPolicy(nn.Module):
-    """--policy beta: x ~ Beta(alpha_theta(s), beta_theta(s)) per dimension and the env plays low + (high - low) x. With
+class GaussianPolicy(BoxPolicy):
+    """--policy gaussian, RPO's: u ~ N(mu_theta(s), diag(sigma^2)) with a state-independent log-std; the env plays clip(u),
+    so a mean past a bound plays the bound exactly. `params`: the mean (the log-std is the family's own parameter)."""
+
+    def __init__(self, features: int, action_space: gym.spaces.Box, init_log_std: float):
+        super().__init__(features, action_space.shape[0], action_space)
+        self.log_std = nn.Parameter(torch.full(action_space.shape, float(init_log_std)))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(h, self.weight, self.bias)
+
+    def act(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rollout's sample and its log-probability in numpy, where the rollout's network runs (a CPU copy)."""
+        log_std = self.log_std.detach().numpy()
+        noise = np.random.standard_normal(params.shape).astype(np.float32)
+        # LaTeX: u_t = \mu_\theta(s_t) + \sigma \odot \xi_t, \quad \xi_t \sim \mathcal{N}(0, I)
+        u = params + np.exp(log_std) * noise
+        # log_prob's density written with the noise, since (u - mu) / sigma = xi.
+        # LaTeX: \log \pi_\theta(u_t \mid s_t) = -\frac{1}{2} \|\xi_t\|^2 - \sum_j \log \sigma_j - \frac{d}{2} \log 2\pi
+        logprob = -0.5 * np.square(noise).sum(-1) - (log_std.sum() + 0.5 * math.log(2.0 * math.pi) * params.shape[-1])
+        return u, logprob
+
+    def sample(self, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return params + self.log_std.exp() * torch.randn(params.shape, generator=generator, device=params.device)
+
+    def log_prob(self, params: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        log_std = self.log_std
+        # LaTeX: \log \pi_\theta(u \mid s) = -\sum_j (\frac{(u_j - \mu_j)^2}{2 \sigma_j^2} + \log \sigma_j) - \frac{d}{2} \log 2\pi
+        return -(((u - params) * torch.exp(-log_std)).pow(2).mul(0.5) + log_std + 0.5 * math.log(2.0 * math.pi)).sum(-1)
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        """The same in every state, as the std is."""
+        # LaTeX: \mathcal{H}[\pi_\theta(\cdot \mid s)] = \sum_j \left(\log \sigma_j + \frac{1}{2} \log (2 \pi e)\right)
+        return (self.log_std + 0.5 * (math.log(2.0 * math.pi) + 1.0)).sum(-1).expand(params.shape[:-1])
+
+    def mean_action(self, params: torch.Tensor) -> torch.Tensor:
+        return self.env_action(params)  # the mean, clipped
+
+    def env_action(self, u: torch.Tensor) -> torch.Tensor:
+        # LaTeX: a_t = \operatorname{clip}(u_t, a_{low}, a_{high})
+        return torch.clamp(u, self.low, self.high)
+
+    def shift(self, params: torch.Tensor, alpha: float) -> torch.Tensor:
+        return rpo_perturbation(params, alpha)
+
+
+class BetaPolicy(BoxPolicy):
+    """--policy beta: u ~ Beta(alpha_theta(s), beta_theta(s)) per dimension and the env plays low + (high - low) u. With
     alpha, beta > 1 it is unimodal, never U-shaped: full force is a choice the fit makes, not where a wide start puts the
-    actions. The actor outputs the two logits; the likelihood is x's (the box's scale cancels in the ratio)."""
+    actions. `params`: the two logits. The likelihood is u's (the box's scale cancels in the ratio)."""
 
-    outputs_per_dim = 2
+    def __init__(self, features: int, action_space: gym.spaces.Box, init_log_std: None):
+        super().__init__(features, 2 * action_space.shape[0], action_space)  # logits near 0: Beta(1.69, 1.69)
 
-    def __init__(self, act_dim: int, init_log_std: float):
-        super().__init__()  # no parameters of its own; a near-zero actor starts at Beta(1.69, 1.69) in every state
-
-    def numpy_params(self) -> dict[str, np.ndarray]:
-        return {}
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(h, self.weight, self.bias).unflatten(-1, (2, -1))
 
     @staticmethod
-    def concentrations(out):
-        """alpha and beta from the actor's output, in torch or numpy."""
-        alpha_logit, beta_logit = (out[..., : out.shape[-1] // 2], out[..., out.shape[-1] // 2 :])
-        softplus = nn.functional.softplus if isinstance(out, torch.Tensor) else lambda x: np.logaddexp(0.0, x)
+    def distribution(params: torch.Tensor) -> torch.distributions.Beta:
+        alpha_logit, beta_logit = params.unbind(-2)
         # LaTeX: \alpha_j = 1 + \operatorname{softplus}(\ell^\alpha_j(s)), \quad \beta_j = 1 + \operatorname{softplus}(\ell^\beta_j(s))
-        return 1.0 + softplus(alpha_logit), 1.0 + softplus(beta_logit)
+        return torch.distributions.Beta(1.0 + nn.functional.softplus(alpha_logit), 1.0 + nn.functional.softplus(beta_logit))
 
-    @classmethod
-    def act(cls, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        alpha, beta = cls.concentrations(out)
-        # LaTeX: x_t \sim \mathrm{Beta}(\alpha_\theta(s_t), \beta_\theta(s_t)), \ x_t \in [10^{-6}, 1 - 10^{-6}]
-        x = np.clip(np.random.beta(alpha, beta), BETA_EPS, 1.0 - BETA_EPS).astype(np.float32)  # 0 and 1 have density 0
-        logprob = beta_log_prob(*(torch.from_numpy(v) for v in (alpha, beta, x))).numpy()
-        return x, logprob
+    def act(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rollout's sample and its log-probability, drawn in numpy, where the rollout's network runs (a CPU copy)."""
+        params = params.reshape(*params.shape[:-1], 2, -1)
+        alpha, beta = np.moveaxis(1.0 + np.logaddexp(0.0, params), -2, 0)  # distribution()'s, in numpy
+        # LaTeX: u_t \sim \mathrm{Beta}(\alpha_\theta(s_t), \beta_\theta(s_t)), \ u_t \in [10^{-6}, 1 - 10^{-6}]
+        u = np.clip(np.random.beta(alpha, beta), BETA_EPS, 1.0 - BETA_EPS).astype(np.float32)  # 0 and 1 have density 0
+        return u, self.log_prob(torch.from_numpy(params), torch.from_numpy(u)).numpy()
 
-    @classmethod
-    def sample(cls, out: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        # Beta sampling takes no generator: this one seeds a forked copy of the global ones, which stay untouched.
-        with torch.random.fork_rng(devices=[out.device] if out.is_cuda else []):
-            torch.manual_seed(int(torch.randint(2**31, (), generator=generator, device=generator.device)))
-            return torch.distributions.Beta(*cls.concentrations(out)).sample().clamp(BETA_EPS, 1.0 - BETA_EPS)
+    def sample(self, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        # Beta sampling takes no generator: a given one seeds a forked copy of the global ones, which stay untouched.
+        with torch.random.fork_rng(devices=[params.device] if params.is_cuda else [], enabled=generator is not None):
+            if generator is not None:
+                torch.manual_seed(int(torch.randint(2**31, (), generator=generator, device=generator.device)))
+            return self.distribution(params).sample().clamp(BETA_EPS, 1.0 - BETA_EPS)
 
-    def log_prob(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return beta_log_prob(*self.concentrations(out), x)
+    def log_prob(self, params: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        # LaTeX: \log \pi_\theta(u \mid s) = \sum_j (\alpha_j - 1) \log u_j + (\beta_j - 1) \log(1 - u_j) - \log B(\alpha_j, \beta_j)
+        # LaTeX: \log B(\alpha, \beta) = \log\Gamma(\alpha) + \log\Gamma(\beta) - \log\Gamma(\alpha + \beta)
+        return self.distribution(params).log_prob(u).sum(-1)
 
-    def entropy(self, out: torch.Tensor) -> torch.Tensor:
-        return beta_entropy(*self.concentrations(out))
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        # LaTeX: \mathcal{H} = \sum_j \log B(\alpha_j, \beta_j) - (\alpha_j - 1)\psi(\alpha_j) - (\beta_j - 1)\psi(\beta_j) + (\alpha_j + \beta_j - 2)\psi(\alpha_j + \beta_j)
+        return self.distribution(params).entropy().sum(-1)
 
-    @classmethod
-    def mean_action(cls, out: torch.Tensor) -> torch.Tensor:
-        alpha, beta = cls.concentrations(out)
-        # LaTeX: \mathbb{E}[x] = \frac{\alpha}{\alpha + \beta}, \quad \mathbb{E}[a] = a_{low} + (a_{high} - a_{low})\, \mathbb{E}[x]
-        return alpha / (alpha + beta)
+    def mean_action(self, params: torch.Tensor) -> torch.Tensor:
+        # LaTeX: \mathbb{E}[a] = a_{low} + (a_{high} - a_{low}) \frac{\alpha}{\alpha + \beta}
+        return self.env_action(self.distribution(params).mean)
 
-    @staticmethod
-    def env_action(x: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-        # LaTeX: a^{env}_t = a_{low} + (a_{high} - a_{low})\, x_t
-        return low + (high - low) * x
+    def env_action(self, u: torch.Tensor) -> torch.Tensor:
+        # LaTeX: a_t = a_{low} + (a_{high} - a_{low})\, u_t
+        return self.low + (self.high - self.low) * u
 
-    @staticmethod
-    def at_bounds(x: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-        return np.minimum(x, 1.0 - x) < 0.01  # within 1% of the box's width from a bound
+    def shift(self, params: torch.Tensor, alpha: float) -> torch.Tensor:
+        return rpo_perturbation(params, alpha)  # both logits
 
 
 POLICIES = {"gaussian": GaussianPolicy, "beta": BetaPolicy}
 RPO_ALPHA = {"gaussian": 0.5, "beta": 0.2}  # --rpo-alpha's default per family: the values the runs chose
 BETA_EPS = 1e-6
+UNBOUNDED = 1e6  # where an infinite bound of the action box stands
 
 
 # ---------------------------------------------------------------------------------------
-# Observation and reward normalization
+# Normalization
 # ---------------------------------------------------------------------------------------
 class RunningMeanStd:
     """Running mean and variance (float64) of a stream of batches (Chan et al.'s parallel update), shared by all training
@@ -417,11 +403,11 @@ class RolloutPolicy:
     """A numpy copy of the agent for the rollout: cheaper than torch on a CPU. Noise from numpy's global RNG."""
 
     def __init__(self, agent: Agent):
-        def layers(net: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
+        def layers(net: list) -> list[tuple[np.ndarray, np.ndarray]]:
             return [(m.weight.detach().cpu().numpy().T.copy(), m.bias.detach().cpu().numpy().copy()) for m in net[::2]]
 
-        self.actor, self.critic = layers(agent.actor), layers(agent.critic)
-        self.family, self.family_params = agent.policy, agent.policy.numpy_params()
+        self.head = copy.deepcopy(agent.policy_head).cpu()  # the family's numpy `act` and its `env_action`
+        self.actor, self.critic = layers([*agent.actor, self.head]), layers(agent.critic)
 
     @staticmethod
     def mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
@@ -433,22 +419,22 @@ class RolloutPolicy:
         return self.mlp(self.critic, obs)[:, 0]
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Sampled action (before the env's mapping), its log-prob and V(s) for a (N, obs_dim) float32 batch."""
-        action, logprob = self.family.act(self.mlp(self.actor, obs), **self.family_params)
-        return action, logprob, self.value(obs)
+        """The sample u (before the env's mapping), its log-prob and V(s) for a (N, obs_dim) float32 batch."""
+        u, logprob = self.head.act(self.mlp(self.actor, obs))
+        return u, logprob, self.value(obs)
 
 
 def collect_rollout(policy: RolloutPolicy, envs, obs: np.ndarray, obs_rms, scale_reward, rollout: Rollout) -> tuple:
     """Fill `rollout`, updating `obs_rms`; return the next observation and the finished episodes (env steps into the
     rollout, return, length)."""
-    low, high, family = envs.single_action_space.low, envs.single_action_space.high, policy.family
     episodes = []
     # Row 0 follows the previous rollout's last row (all zeros before the first rollout).
     prev_done = rollout.terminated[-1] + rollout.truncated[-1] > 0
     for t in range(len(rollout.obs)):
         rollout.obs[t], rollout.resets[t] = obs, prev_done  # after an episode end: a reset step
-        rollout.actions[t], rollout.logprobs[t], rollout.values[t] = policy.act(obs)
-        raw_obs, reward, terminated, truncated, infos = envs.step(family.env_action(rollout.actions[t], low, high))
+        u, rollout.logprobs[t], rollout.values[t] = policy.act(obs)
+        rollout.actions[t] = u
+        raw_obs, reward, terminated, truncated, infos = envs.step(policy.head.env_action(torch.from_numpy(u)).numpy())
         obs_rms.update(raw_obs)
         obs = obs_rms.normalize(raw_obs)
         done = terminated | truncated
@@ -540,14 +526,14 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
     minibatch_size = size // args.num_minibatches
     columns = [batch[k].reshape(size, -1) for k in ("obs", "actions", "logprobs", "advantages", "returns", "values")]
     packed, widths = torch.cat(columns, 1), [c.shape[1] for c in columns]  # one gather per epoch shuffles all
-    losses, logratios = [], []  # detached, per minibatch: the diagnostics are computed once at the end
+    losses, logratios, family = [], [], agent.policy_head  # detached, per minibatch: the diagnostics come at the end
     for epoch in range(1, args.update_epochs + 1):  # noqa: B007  (`epoch` is reported)
         # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
         shuffled = packed[torch.randperm(size).to(packed.device)]
         for minibatch in shuffled[: minibatch_size * args.num_minibatches].split(minibatch_size):
             obs, actions, old_logprob, advantages, returns, old_values = minibatch.split(widths, dim=1)
-            out = agent.actor(obs)
-            new_logprob = agent.policy.log_prob(rpo_perturbation(out, args.rpo_alpha), actions).unsqueeze(1)
+            params = agent.policy(obs)
+            new_logprob = family.log_prob(family.shift(params, args.rpo_alpha), actions).unsqueeze(1)
             # LaTeX: \log \rho_t = \log \pi_\theta(a_t \mid s_t) - \log \pi_{\theta_\mathrm{old}}(a_t \mid s_t)
             logratio = new_logprob - old_logprob
             ratio = torch.exp(logratio)
@@ -555,7 +541,7 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
                 advantages = normalize_advantages(advantages)
             pg_loss = clipped_surrogate_loss(ratio, advantages, args.clip_coef)
             v_loss = value_loss(agent.critic(obs), old_values, returns, args.clip_coef, args.clip_vloss)
-            entropy = agent.policy.entropy(out).mean()
+            entropy = family.entropy(params).mean()
             # LaTeX: L = L^{\mathrm{CLIP}} - c_H \mathcal{H}[\pi_\theta] + c_V L^{V}
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
             optimizer.zero_grad(set_to_none=True)
@@ -635,13 +621,12 @@ def set_up(args: Args) -> Run:
     if args.resume and args.total_timesteps // (args.num_envs * args.num_steps) <= source["iteration"]:
         nothing = f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's step"
         raise ConfigError(f"{nothing} {source['global_step']}; pass a larger total to continue")
-    check_args(args, gl_backend)
+    policy, rpo_alpha, init_log_std, note = check_args(args, gl_backend)
     if not args.eval_only:  # the checkpoint records the resolved policy and backend, so --resume keeps them
-        policy, rpo_alpha, note = choose_policy(args)
         print(note)
         backend, note = choose_env_backend(args)
         print(note)
-        args = dataclasses.replace(args, policy=policy, rpo_alpha=rpo_alpha, env_backend=backend)
+        args = dataclasses.replace(args, policy=policy, rpo_alpha=rpo_alpha, init_log_std=init_log_std, env_backend=backend)
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
@@ -664,10 +649,10 @@ def set_up(args: Args) -> Run:
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, render_first=args.capture_video)
     threads = args.torch_threads or torch.get_num_threads()  # the update's and EnvPool's
     envs = None if args.eval_only else make_training_envs(args, args.seed, threads)
-    obs_dim, act_dim = eval_envs.single_observation_space.shape[0], eval_envs.single_action_space.shape[0]
+    obs_dim = eval_envs.single_observation_space.shape[0]
     with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
         network = (args.policy, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std)
-        agent = Agent(obs_dim, act_dim, *network).to(device)
+        agent = Agent(obs_dim, eval_envs.single_action_space, *network).to(device)
     obs_rms = RunningMeanStd((obs_dim,), args.norm_obs)
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
     run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), scaler, obs_rms, threads)
@@ -756,11 +741,9 @@ def train(args: Args) -> dict:
             stats["explained_variance"] = explained_variance(batch["values"], batch["returns"])
             for key, value in stats.items():
                 writer.add_scalar(f"losses/{key}", value, run.global_step)
-            # The share of sampled action components at a bound (the Gaussian's, clipped there; the Beta's, within 1% of
-            # the box's width): near 1, the policy acts bang-bang.
-            space = run.envs.single_action_space
-            clipped = agent.policy.at_bounds(rollout.actions, space.low, space.high)
-            writer.add_scalar("charts/actions_at_bounds", clipped[rollout.resets == 0].mean(), run.global_step)
+            # The share of the played action components within 1% of the box's width from a bound: near 1, bang-bang.
+            at_bounds = agent.policy_head.at_bounds(agent.policy_head.env_action(batch["actions"]))
+            writer.add_scalar("charts/actions_at_bounds", at_bounds.float().mean(), run.global_step)
 
             # ---- evaluate and save: every eval_interval steps, and at the end
             every, last = args.eval_interval, iteration == num_iterations
@@ -827,9 +810,15 @@ def resolve_env_id(env_id: str) -> str:
             tasks = ", ".join(sorted(suite.TASKS_BY_DOMAIN[domain]))
             raise ConfigError(f"unknown task {task!r} for dm_control domain {domain!r}; valid tasks: {tasks}")
         return f"dm_control/{domain}-{task}-v0"
-    if env_id not in gym.registry:
+    module, _, name = env_id.rpartition(":")  # gymnasium's "module:Env-v0": importing the module registers the env
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"env id {env_id!r}: its module {module!r} does not import ({e})") from None
+    if name not in gym.registry:
         raise ConfigError(f"unknown env id {env_id!r}; accepted: a registered gymnasium id, {DM_CONTROL_FORMS}, or a probe id")
-    return env_id
+    return name
 
 
 # Headless MuJoCo rendering: each MUJOCO_GL backend and the shared library it loads, in order of preference.
@@ -914,20 +903,27 @@ def envpool_task_id(gym_id: str) -> str | None:
     return task_id if task_id in envpool.list_all_envs() else None
 
 
-def choose_policy(args: Args) -> tuple[str, float, str]:
-    """--policy and --rpo-alpha resolved, and one line that says which family trains and why. `auto` picks what the
-    benchmarks chose per suite: the Gaussian where the control suite rewards full force (walker, finger, hopper), the
-    Beta elsewhere: gymnasium's MuJoCo tasks, like most real rewards, charge for torque, and the Gaussian's bang-bang
-    actions make the ant fall (benchmarks/README.md, "Why each default")."""
+def choose_policy(args: Args, space: gym.spaces.Box) -> tuple[str, float, float | None, str]:
+    """--policy, --rpo-alpha and --init-log-std resolved, and one line that says which family trains and why; a ConfigError
+    where the family cannot serve the box or would ignore a flag. `auto` picks the Gaussian on the control suite, whose
+    rewards pay for full force, and on a box with an infinite bound, which it leaves unclipped; elsewhere the Beta, since
+    rewards there mostly charge for torque (benchmarks/README.md, "Why each default")."""
+    infinite = [f"{name} {getattr(space, name)}" for name in ("low", "high") if not np.isfinite(getattr(space, name)).all()]
     policy, why = args.policy, f"--policy {args.policy}"
-    if policy == "auto":
-        control_suite = args.env_id.startswith("dm_control/")
-        policy = "gaussian" if control_suite else "beta"
-        is_control = "is a control-suite task, whose rewards pay for full force"
-        is_other = "is not a control-suite task; rewards elsewhere mostly charge for torque"
-        why = f"--policy auto: {args.env_id} {is_control if control_suite else is_other}"
+    if policy == "auto" and args.env_id.startswith("dm_control/"):
+        policy, why = "gaussian", f"--policy auto: {args.env_id} is a control-suite task, whose rewards pay for full force"
+    elif policy == "auto" and infinite:
+        policy, why = "gaussian", f"--policy auto: {args.env_id}'s action box is unbounded ({infinite[0]}), so no clip"
+    elif policy == "auto":
+        elsewhere = "is not a control-suite task; rewards elsewhere mostly charge for torque"
+        policy, why = "beta", f"--policy auto: {args.env_id} {elsewhere}"
+    if policy == "beta" and infinite:
+        raise ConfigError(f"--policy beta needs a bounded action box; {args.env_id} has {infinite[0]}: use --policy gaussian")
+    if policy == "beta" and args.init_log_std is not None:
+        raise ConfigError(f"--init-log-std sets the Gaussian's std; the Beta that {why.split(':')[0]} trains has none")
     rpo_alpha = RPO_ALPHA[policy] if args.rpo_alpha is None else args.rpo_alpha
-    return policy, rpo_alpha, f"policy: {policy} ({why}), RPO shift alpha {rpo_alpha}"
+    init_log_std = None if policy == "beta" else 0.0 if args.init_log_std is None else args.init_log_std
+    return policy, rpo_alpha, init_log_std, f"policy: {policy} ({why}), RPO shift alpha {rpo_alpha}"
 
 
 def choose_env_backend(args: Args) -> tuple[str, str]:
@@ -1019,15 +1015,13 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
     """One episode per eval env with the deterministic policy (its mean action), then one with sampled actions from the
     same starts, on the frozen normalizer; logs `eval/*` (the sampled return shows where the two policies part, the
     episodes below 100 a walker that never gets up) and returns the deterministic returns."""
+    family = run.agent.policy_head
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
 
     def sampled_action(obs: torch.Tensor) -> torch.Tensor:
-        return run.agent.policy.sample(run.agent.actor(obs), noise)
+        return family.env_action(family.sample(run.agent.policy(obs), generator=noise))
 
-    def mean_action(obs: torch.Tensor) -> torch.Tensor:
-        return run.agent.policy.mean_action(run.agent.actor(obs))
-
-    returns, lengths = run_episodes(run, mean_action, video_name)
+    returns, lengths = run_episodes(run, lambda obs: family.mean_action(run.agent.policy(obs)), video_name)
     sampled_returns, _ = run_episodes(run, sampled_action)
     stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
     stats |= {"length_mean": lengths.mean(), "sampled_return_mean": sampled_returns.mean()}
@@ -1038,16 +1032,16 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
 
 
 def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One episode per eval env, acting with the env's mapping of `policy(normalized obs)`; the returns and lengths.
-    With `video_name`, env 0's episode goes to `<run_dir>/videos/<video_name>.mp4`."""
-    envs, space = run.eval_envs, run.eval_envs.single_action_space
+    """One episode per eval env, acting with `policy(normalized obs)`, the env's action; the returns and lengths. With
+    `video_name`, env 0's episode goes to `<run_dir>/videos/<video_name>.mp4`."""
+    envs = run.eval_envs
     obs, _ = envs.reset(seed=run.args.seed + 10_000)
     frames = [envs.unwrapped.envs[0].render()] if video_name else None
     returns, lengths = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=np.int64)
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         actions = policy(torch.as_tensor(run.obs_rms.normalize(obs), device=run.device)).cpu().numpy()
-        obs, rewards, terminated, truncated, _ = envs.step(run.agent.policy.env_action(actions, space.low, space.high))
+        obs, rewards, terminated, truncated, _ = envs.step(actions)
         if frames is not None and not finished[0]:
             frames.append(envs.unwrapped.envs[0].render())
         returns += rewards * ~finished
@@ -1132,8 +1126,8 @@ def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
 # ---------------------------------------------------------------------------------------
 # Argument checks
 # ---------------------------------------------------------------------------------------
-def check_args(args: Args, gl_backend: str | None) -> None:
-    """Reject impossible settings with one line, before any heavy work."""
+def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | None, str]:
+    """Reject impossible settings with one line, before any heavy work; `choose_policy`'s answer for the env's actions."""
 
     def require(ok: bool, flag: str, accepted: str) -> None:
         if not ok:
@@ -1162,6 +1156,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     if not isinstance(space, gym.spaces.Box):
         use = ": use ppo_discrete.py" if isinstance(space, gym.spaces.Discrete) else ""
         raise ConfigError(f"{args.env_id} has a {type(space).__name__} action space; {SCRIPT}.py needs Box actions{use}")
+    policy = choose_policy(args, space)
     if args.capture_video:
         check_video(args.env_id, gl_backend)
     try:
@@ -1170,6 +1165,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
         raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created ({e.strerror or e})") from None
     if not os.access(args.output_dir, os.W_OK | os.X_OK):
         raise ConfigError(f"--output-dir {args.output_dir!r} is not writable")
+    return policy
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib
 import math
 import os
 import re
@@ -160,7 +161,7 @@ def categorical_log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) ->
 
 
 # ---------------------------------------------------------------------------------------
-# Observation normalization
+# Normalization
 # ---------------------------------------------------------------------------------------
 class RunningMeanStd:
     """Running mean/variance (float64) of observations, merged batch by batch (Chan et al.); disabled, a no-op."""
@@ -584,9 +585,15 @@ def resolve_env_id(env_id: str) -> str:
             tasks = ", ".join(sorted(suite.TASKS_BY_DOMAIN[domain]))
             raise ConfigError(f"unknown task {task!r} for dm_control domain {domain!r}; valid tasks: {tasks}")
         return f"dm_control/{domain}-{task}-v0"
-    if env_id not in gym.registry:
+    module, _, name = env_id.rpartition(":")  # gymnasium's "module:Env-v0": importing the module registers the env
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"env id {env_id!r}: its module {module!r} does not import ({e})") from None
+    if name not in gym.registry:
         raise ConfigError(f"unknown env id {env_id!r}; accepted: a registered gymnasium id, {DM_CONTROL_FORMS}, or a probe id")
-    return env_id
+    return name
 
 
 def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = False) -> gym.vector.VectorEnv:

@@ -136,8 +136,8 @@ class Args:
     """hidden layer sizes of the policy encoder"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of the value encoder"""
-    init_log_std: float = 0.0
-    """initial log-std of the Gaussian (0: std 1): the log-std parameter, or the log-std head's bias (--policy gaussian)"""
+    init_log_std: float | None = None
+    """initial log-std of the Gaussian (None: 0, std 1): the log-std parameter, or the log-std head's bias; the Beta has none"""
 
     # This file's departures from the paper: each default, and the value that gives the paper's.
     policy: Literal["auto", "gaussian", "beta"] = "auto"
@@ -206,42 +206,45 @@ class Agent(nn.Module):
         self, obs_dim: int, action_space, policy: str, policy_hidden_sizes, value_hidden_sizes, init_log_std=0.0, ppo_like=True
     ):
         super().__init__()
-        act_dim = action_space.shape[0]
         self.policy_encoder = make_encoder(obs_dim, policy_hidden_sizes, ppo_like)
         features = policy_hidden_sizes[-1] if policy_hidden_sizes else obs_dim
-        self.policy_head = POLICIES[policy](features, act_dim, init_log_std, ppo_like)  # the family: its parameters, its math
+        self.policy_head = POLICIES[policy](features, action_space, init_log_std, ppo_like)  # the family
         self.value_encoder = make_encoder(obs_dim, value_hidden_sizes, ppo_like)
         self.value_head = linear(value_hidden_sizes[-1] if value_hidden_sizes else obs_dim, 1, ppo_like, std=1.0)
-        # The env's action bounds: not saved in checkpoints (the env gives them).
-        self.register_buffer("action_low", torch.as_tensor(action_space.low, dtype=torch.float32), persistent=False)
-        self.register_buffer("action_high", torch.as_tensor(action_space.high, dtype=torch.float32), persistent=False)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.policy(obs), self.value(obs)
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
-        """The policy's parameters, two vectors stacked on dim -2 (the family's: Gaussian mean and log-std, or the Beta's
-        two logits): all that acting needs."""
+        """The family's parameters `params` (..., 2, act_dim): the Gaussian's mean and log-std, or the Beta's two logits."""
         return self.policy_head(self.policy_encoder(obs))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.value_head(self.value_encoder(obs)).squeeze(-1)
 
-    def env_action(self, u: torch.Tensor) -> torch.Tensor:
-        """The action the env plays for a sample u (the rollout stores u)."""
-        return self.policy_head.env_action(u, self.action_low, self.action_high)
 
-    def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The evaluated action: the policy's mean action (for the Gaussian E[clip(u)], not clip(mean))."""
-        return self.policy_head.mean_action(self.policy(obs), self.action_low, self.action_high)
+class BoxPolicy(nn.Module):
+    """What every family shares: the env's action box, buffers on the family's device (the env gives them, so checkpoints
+    hold none). An infinite bound stands at +-UNBOUNDED, which no sample reaches, so each formula on the box stays finite."""
 
-
-class GaussianPolicy(nn.Module):
-    """--policy gaussian, RPO's: u ~ N(mu_theta(s), sigma_theta(s)); the env plays a = clip(u), so a mean past a bound
-    plays the bound exactly, and the fit is of a's probability. Parameters: (mean, clamped log-std)."""
-
-    def __init__(self, features: int, act_dim: int, init_log_std: float, ppo_like: bool):
+    def __init__(self, action_space: gym.spaces.Box):
         super().__init__()
+        for name in ("low", "high"):
+            bound = np.nan_to_num(getattr(action_space, name), posinf=UNBOUNDED, neginf=-UNBOUNDED)
+            self.register_buffer(name, torch.as_tensor(bound, dtype=torch.float32), persistent=False)
+
+    def at_bounds(self, action: torch.Tensor) -> torch.Tensor:
+        """Which components of the env's action lie within 1% of the box's width from a bound (a clipped one: on it)."""
+        return torch.minimum(action - self.low, self.high - action) < 0.01 * (self.high - self.low)
+
+
+class GaussianPolicy(BoxPolicy):
+    """--policy gaussian, RPO's: u ~ N(mu_theta(s), sigma_theta(s)) and the env plays a = clip(u), so a mean past a bound
+    plays the bound exactly; the fit is of a's probability. `params`: the mean and the clamped log-std."""
+
+    def __init__(self, features: int, action_space: gym.spaces.Box, init_log_std: float, ppo_like: bool):
+        super().__init__(action_space)
+        act_dim = action_space.shape[0]
         self.mean, self.ppo_like = linear(features, act_dim, ppo_like, std=0.01), ppo_like
         if ppo_like:  # a state-independent log-std
             self.log_std = nn.Parameter(torch.full((act_dim,), init_log_std))
@@ -254,184 +257,134 @@ class GaussianPolicy(nn.Module):
         log_std = self.log_std.expand_as(mean) if self.ppo_like else self.log_std(h)
         return torch.stack([mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)], dim=-2)
 
-    @staticmethod
-    def sample(params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def sample(self, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         mean, log_std = params.unbind(-2)
         # LaTeX: u_t \sim \mathcal{N}(\mu_\theta(s_t), \sigma_\theta(s_t))
         return mean + log_std.exp() * torch.randn(mean.shape, generator=generator, device=mean.device)
 
-    @staticmethod
-    def env_action(u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-        # LaTeX: a = \operatorname{clip}(u, a_{low}, a_{high})
-        return torch.clamp(u, low, high)
+    def log_prob(self, params: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """log pi(a|s) of the played action a = clip(u), summed over dimensions: the density between the bounds, the mass
+        beyond a bound where a sits on it. Every u past a bound plays the same action and gets the same value: the fit can
+        push mass to a bound, not drag the mean after a far sample."""
+        mean, log_std = params.unbind(-2)
+        low, high, std = self.low, self.high, log_std.exp()
+        # LaTeX: \log\mathcal{N}(u_j|\mu_j,\sigma_j) = -\frac{(u_j-\mu_j)^2}{2\sigma_j^2} - \log\sigma_j - \frac{\log 2\pi}{2}
+        inside = -0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+        # LaTeX: \log \pi(a_j) = \begin{cases} \log\Phi\big(\tfrac{l_j - \mu_j}{\sigma_j}\big) & u_j \le l_j \\ \log\mathcal{N}(u_j|\mu_j,\sigma_j) & l_j < u_j < h_j \\ \log\Phi\big(\tfrac{\mu_j - h_j}{\sigma_j}\big) & u_j \ge h_j \end{cases}, \quad \log \pi(a) = \sum_j \log \pi(a_j)
+        between = (u > low) & (u < high)
+        # The mass beyond a bound only where a sits on one (0 elsewhere): far in the tail float32's log_ndtr has an inf
+        # gradient, which the last where would turn into NaN (0 * inf).
+        z = torch.where(between, 0.0, torch.where(u <= low, (low - mean) / std, (mean - high) / std))
+        return torch.where(between, inside, torch.special.log_ndtr(z)).sum(-1)  # one erfc, not two
 
-    @staticmethod
-    def shift(params: torch.Tensor, alpha: float) -> torch.Tensor:
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        # LaTeX: \mathcal{H} = \sum_j \tfrac{1}{2}\left(1 + \log(2\pi\sigma_j^2)\right)
+        return (0.5 * (1.0 + math.log(2 * math.pi)) + params[..., 1, :]).sum(-1)
+
+    def decoupled_kl(self, params: torch.Tensor, old_params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """V-MPO's trust regions, per sample: KL(N(mu_old, sigma_old) || N(mu, sigma_old)) moves the mean alone,
+        KL(N(mu_old, sigma_old) || N(mu_old, sigma)) the covariance alone."""
+        (mean, log_std), (old_mean, old_log_std) = params.unbind(-2), old_params.unbind(-2)
+        old_var = (2.0 * old_log_std).exp()
+        # LaTeX: D_\mu(s_t) = \sum_j \frac{(\mu_j - \mu^{old}_j)^2}{2(\sigma^{old}_j)^2}
+        kl_mu = ((mean - old_mean) ** 2 / (2.0 * old_var)).sum(-1)
+        # LaTeX: D_\sigma(s_t) = \frac{1}{2} \sum_j \big((\sigma^{old}_j / \sigma_j)^2 - 1 + 2\log(\sigma_j / \sigma^{old}_j)\big)
+        kl_sigma = 0.5 * (old_var / (2.0 * log_std).exp() - 1.0 + 2.0 * (log_std - old_log_std)).sum(-1)
+        return kl_mu, kl_sigma
+
+    def mean_action(self, params: torch.Tensor) -> torch.Tensor:
+        """E[clip(u)] in closed form, per dimension: the mass beyond each bound plays the bound, the mass between them its
+        truncated mean (not clip(mean), which can sit on a bound the sampled policy seldom plays)."""
+        mean, std = params[..., 0, :], params[..., 1, :].exp()
+        low, high, normal = self.low, self.high, torch.distributions.Normal(0.0, 1.0)
+        alpha, beta = (low - mean) / std, (high - mean) / std
+        cdf_alpha, cdf_beta = normal.cdf(alpha), normal.cdf(beta)
+        pdf_alpha, pdf_beta = normal.log_prob(alpha).exp(), normal.log_prob(beta).exp()
+        # LaTeX: \mathbb{E}[\operatorname{clip}(u, l, h)] = l\,\Phi(\alpha) + h\,(1 - \Phi(\beta)) + \mu\,(\Phi(\beta) - \Phi(\alpha)) + \sigma\,(\varphi(\alpha) - \varphi(\beta)), \quad \alpha = \tfrac{l - \mu}{\sigma}, \ \beta = \tfrac{h - \mu}{\sigma}
+        return low * cdf_alpha + high * (1.0 - cdf_beta) + mean * (cdf_beta - cdf_alpha) + std * (pdf_alpha - pdf_beta)
+
+    def env_action(self, u: torch.Tensor) -> torch.Tensor:
+        # LaTeX: a = \operatorname{clip}(u, a_{low}, a_{high})
+        return torch.clamp(u, self.low, self.high)
+
+    def shift(self, params: torch.Tensor, alpha: float) -> torch.Tensor:
+        """RPO's shift of the mean; the log-std stays."""
         mean, log_std = params.unbind(-2)
         return torch.stack([rpo_perturbation(mean, alpha), log_std], dim=-2)
 
-    @staticmethod
-    def log_prob(params: torch.Tensor, u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-        return clipped_gaussian_log_prob(*params.unbind(-2), u, low, high)
 
-    @staticmethod
-    def decoupled_kl(params: torch.Tensor, old_params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return decoupled_kl(*params.unbind(-2), *old_params.unbind(-2))
-
-    @staticmethod
-    def entropy(params: torch.Tensor) -> torch.Tensor:
-        return gaussian_entropy(params[..., 1, :])
-
-    @staticmethod
-    def mean_action(params: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-        mean, log_std = params.unbind(-2)
-        return clipped_gaussian_mean(mean, log_std.exp(), low, high)
-
-    @staticmethod
-    def at_bounds(u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-        return u != torch.clamp(u, low, high)
-
-
-class BetaPolicy(nn.Module):
-    """--policy beta: x ~ Beta(alpha_theta(s), beta_theta(s)) per dimension, the env plays a = low + (high - low) x. With
+class BetaPolicy(BoxPolicy):
+    """--policy beta: u ~ Beta(alpha_theta(s), beta_theta(s)) per dimension, the env plays a = low + (high - low) u. With
     alpha, beta > 1 it is unimodal and never U-shaped: full force is a choice the fit makes, not where a wide start puts
-    the actions. Parameters: the two logits. Its likelihood is x's density (the box's scale cancels in every ratio)."""
+    the actions. `params`: the two logits. Its likelihood is u's density (the box's scale cancels in every ratio)."""
 
-    def __init__(self, features: int, act_dim: int, init_log_std: float, ppo_like: bool):
-        super().__init__()
-        self.logits = linear(features, 2 * act_dim, ppo_like, std=0.01)  # near 0: Beta(1.69, 1.69) in every state
+    def __init__(self, features: int, action_space: gym.spaces.Box, init_log_std: None, ppo_like: bool):
+        super().__init__(action_space)
+        self.logits = linear(features, 2 * action_space.shape[0], ppo_like, std=0.01)  # near 0: Beta(1.69, 1.69)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.logits(h).unflatten(-1, (2, -1))
 
     @staticmethod
-    def concentrations(params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def distribution(params: torch.Tensor) -> torch.distributions.Beta:
         alpha_logit, beta_logit = params.unbind(-2)
         # LaTeX: \alpha_j = 1 + \operatorname{softplus}(\ell^\alpha_j(s)), \quad \beta_j = 1 + \operatorname{softplus}(\ell^\beta_j(s))
-        return 1.0 + nn.functional.softplus(alpha_logit), 1.0 + nn.functional.softplus(beta_logit)
+        return torch.distributions.Beta(1.0 + nn.functional.softplus(alpha_logit), 1.0 + nn.functional.softplus(beta_logit))
 
-    @classmethod
-    def sample(cls, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def sample(self, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         # Beta sampling takes no generator: a given one seeds a forked copy of the global ones, which stay untouched.
-        devices = [params.device] if params.is_cuda else []
-        with torch.random.fork_rng(devices=devices, enabled=generator is not None):
+        with torch.random.fork_rng(devices=[params.device] if params.is_cuda else [], enabled=generator is not None):
             if generator is not None:
                 torch.manual_seed(int(torch.randint(2**31, (), generator=generator, device=generator.device)))
-            # LaTeX: x_t \sim \mathrm{Beta}(\alpha_\theta(s_t), \beta_\theta(s_t)), \ x_t \in [10^{-6}, 1 - 10^{-6}]
-            x = torch.distributions.Beta(*cls.concentrations(params)).sample()
-        return x.clamp(BETA_EPS, 1.0 - BETA_EPS)  # a float32 sample can round to 0 or 1, where the density is 0
+            # LaTeX: u_t \sim \mathrm{Beta}(\alpha_\theta(s_t), \beta_\theta(s_t)), \ u_t \in [10^{-6}, 1 - 10^{-6}]
+            u = self.distribution(params).sample()
+        return u.clamp(BETA_EPS, 1.0 - BETA_EPS)  # a float32 sample can round to 0 or 1, where the density is 0
 
-    @staticmethod
-    def env_action(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-        # LaTeX: a = a_{low} + (a_{high} - a_{low})\, x
-        return low + (high - low) * x
+    def log_prob(self, params: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        # LaTeX: \log \pi(u \mid s) = \sum_j (\alpha_j - 1) \log u_j + (\beta_j - 1) \log(1 - u_j) - \log B(\alpha_j, \beta_j)
+        # LaTeX: \log B(\alpha, \beta) = \log\Gamma(\alpha) + \log\Gamma(\beta) - \log\Gamma(\alpha + \beta)
+        return self.distribution(params).log_prob(u).sum(-1)
 
-    @staticmethod
-    def shift(params: torch.Tensor, alpha: float) -> torch.Tensor:
-        # LaTeX: \tilde{\ell}_\theta(s_t) = \ell_\theta(s_t) + z_t, \quad z_t \sim \mathcal{U}(-\alpha_{rpo}, \alpha_{rpo})^{2d}
-        return torch.stack([rpo_perturbation(logit, alpha) for logit in params.unbind(-2)], dim=-2)  # both logits
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        # LaTeX: \mathcal{H} = \sum_j \log B(\alpha_j, \beta_j) - (\alpha_j - 1)\psi(\alpha_j) - (\beta_j - 1)\psi(\beta_j) + (\alpha_j + \beta_j - 2)\psi(\alpha_j + \beta_j)
+        return self.distribution(params).entropy().sum(-1)
 
-    @classmethod
-    def log_prob(cls, params: torch.Tensor, x: torch.Tensor, low=None, high=None) -> torch.Tensor:
-        return beta_log_prob(*cls.concentrations(params), x)
+    def decoupled_kl(self, params: torch.Tensor, old_params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """V-MPO's trust regions written with the Beta's mean m = alpha / (alpha + beta) and concentration k = alpha + beta:
+        D_mu moves the mean at the old concentration, D_sigma the concentration at the old mean."""
+        new, old = self.distribution(params), self.distribution(old_params)
+        mean, conc = new.mean, new.concentration1 + new.concentration0
+        old_mean, old_conc = old.mean, old.concentration1 + old.concentration0
+        kl = torch.distributions.kl_divergence
+        # LaTeX: \mathrm{KL}(p \| q) = \log \tfrac{B(\alpha_q, \beta_q)}{B(\alpha_p, \beta_p)} + (\alpha_p - \alpha_q)\psi(\alpha_p) + (\beta_p - \beta_q)\psi(\beta_p) + (\alpha_q - \alpha_p + \beta_q - \beta_p)\psi(\alpha_p + \beta_p)
+        # LaTeX: D_\mu(s_t) = \sum_j \mathrm{KL}\big(\mathrm{B}(m^{old}_j, k^{old}_j) \,\|\, \mathrm{B}(m_j, k^{old}_j)\big), \quad \mathrm{B}(m, k) = \mathrm{Beta}(m k, (1 - m) k)
+        kl_mu = kl(old, torch.distributions.Beta(mean * old_conc, (1.0 - mean) * old_conc)).sum(-1)
+        # LaTeX: D_\sigma(s_t) = \sum_j \mathrm{KL}\big(\mathrm{B}(m^{old}_j, k^{old}_j) \,\|\, \mathrm{B}(m^{old}_j, k_j)\big)
+        kl_sigma = kl(old, torch.distributions.Beta(old_mean * conc, (1.0 - old_mean) * conc)).sum(-1)
+        return kl_mu, kl_sigma
 
-    @classmethod
-    def decoupled_kl(cls, params: torch.Tensor, old_params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return beta_decoupled_kl(*cls.concentrations(params), *cls.concentrations(old_params))
-
-    @classmethod
-    def entropy(cls, params: torch.Tensor) -> torch.Tensor:
-        return beta_entropy(*cls.concentrations(params))
-
-    @classmethod
-    def mean_action(cls, params: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-        alpha, beta = cls.concentrations(params)
+    def mean_action(self, params: torch.Tensor) -> torch.Tensor:
         # LaTeX: \mathbb{E}[a] = a_{low} + (a_{high} - a_{low}) \frac{\alpha}{\alpha + \beta}
-        return cls.env_action(alpha / (alpha + beta), low, high)
+        return self.env_action(self.distribution(params).mean)
 
-    @staticmethod
-    def at_bounds(x: torch.Tensor, low=None, high=None) -> torch.Tensor:
-        return torch.minimum(x, 1.0 - x) < 0.01  # within 1% of the box's width from a bound
+    def env_action(self, u: torch.Tensor) -> torch.Tensor:
+        # LaTeX: a = a_{low} + (a_{high} - a_{low})\, u
+        return self.low + (self.high - self.low) * u
+
+    def shift(self, params: torch.Tensor, alpha: float) -> torch.Tensor:
+        """RPO's shift of both logits."""
+        # LaTeX: \tilde{\ell}_\theta(s_t) = \ell_\theta(s_t) + z_t, \quad z_t \sim \mathcal{U}(-\alpha_{rpo}, \alpha_{rpo})^{2d}
+        return rpo_perturbation(params, alpha)
 
 
 POLICIES = {"gaussian": GaussianPolicy, "beta": BetaPolicy}
 RPO_ALPHA = {"gaussian": 0.5, "beta": 0.2}  # --rpo-alpha's default per family: the values the runs chose
 BETA_EPS = 1e-6
-
-
-def clipped_gaussian_mean(mean: torch.Tensor, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """E[clip(u, low, high)] of u ~ N(mean, std) per dimension, in closed form: the mass beyond each bound plays the
-    bound, the mass between them its truncated mean."""
-    normal = torch.distributions.Normal(0.0, 1.0)
-    alpha, beta = (low - mean) / std, (high - mean) / std
-    cdf_alpha, cdf_beta = normal.cdf(alpha), normal.cdf(beta)
-    pdf_alpha, pdf_beta = normal.log_prob(alpha).exp(), normal.log_prob(beta).exp()
-    # LaTeX: \mathbb{E}[\operatorname{clip}(u, l, h)] = l\,\Phi(\alpha) + h\,(1 - \Phi(\beta)) + \mu\,(\Phi(\beta) - \Phi(\alpha)) + \sigma\,(\varphi(\alpha) - \varphi(\beta)), \quad \alpha = \tfrac{l - \mu}{\sigma}, \ \beta = \tfrac{h - \mu}{\sigma}
-    return low * cdf_alpha + high * (1.0 - cdf_beta) + mean * (cdf_beta - cdf_alpha) + std * (pdf_alpha - pdf_beta)
-
-
-def clipped_gaussian_log_prob(mean, log_std, u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """log pi(a|s) of the played action a = clip(u, low, high), u ~ N(mean, std), summed over dimensions: the density
-    between the bounds, the mass beyond a bound where a sits on it. Every u past a bound plays the same action and gets
-    the same value: the fit can push mass to a bound, not drag the mean after a far sample."""
-    std = log_std.exp()
-    # LaTeX: \log\mathcal{N}(u_j|\mu_j,\sigma_j) = -\frac{(u_j-\mu_j)^2}{2\sigma_j^2} - \log\sigma_j - \frac{\log 2\pi}{2}
-    inside = -0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
-    # LaTeX: \log \pi(a_j) = \begin{cases} \log\Phi\big(\tfrac{l_j - \mu_j}{\sigma_j}\big) & u_j \le l_j \\ \log\mathcal{N}(u_j|\mu_j,\sigma_j) & l_j < u_j < h_j \\ \log\Phi\big(\tfrac{\mu_j - h_j}{\sigma_j}\big) & u_j \ge h_j \end{cases}, \quad \log \pi(a) = \sum_j \log \pi(a_j)
-    at_bound = torch.special.log_ndtr(torch.where(u <= low, (low - mean) / std, (mean - high) / std))  # one erfc, not two
-    return torch.where((u > low) & (u < high), inside, at_bound).sum(-1)
-
-
-def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
-    # LaTeX: \mathcal{H} = \sum_j \tfrac{1}{2}\left(1 + \log(2\pi\sigma_j^2)\right)
-    return (0.5 * (1.0 + math.log(2 * math.pi)) + log_std).sum(-1)
-
-
-def log_beta_function(alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    # LaTeX: \log B(\alpha, \beta) = \log\Gamma(\alpha) + \log\Gamma(\beta) - \log\Gamma(\alpha + \beta)
-    return torch.lgamma(alpha) + torch.lgamma(beta) - torch.lgamma(alpha + beta)
-
-
-def beta_log_prob(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """log Beta(x | alpha, beta), summed over dimensions."""
-    # LaTeX: \log \pi(x \mid s) = \sum_j (\alpha_j - 1) \log x_j + (\beta_j - 1) \log(1 - x_j) - \log B(\alpha_j, \beta_j)
-    return ((alpha - 1.0) * torch.log(x) + (beta - 1.0) * torch.log1p(-x) - log_beta_function(alpha, beta)).sum(-1)
-
-
-def beta_entropy(alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    total, digamma = alpha + beta, torch.special.digamma
-    # LaTeX: \mathcal{H} = \sum_j \log B(\alpha_j, \beta_j) - (\alpha_j - 1)\psi(\alpha_j) - (\beta_j - 1)\psi(\beta_j) + (\alpha_j + \beta_j - 2)\psi(\alpha_j + \beta_j)
-    h = log_beta_function(alpha, beta) - (alpha - 1) * digamma(alpha) - (beta - 1) * digamma(beta)
-    return (h + (total - 2.0) * digamma(total)).sum(-1)
-
-
-def beta_kl(alpha_p, beta_p, alpha_q, beta_q) -> torch.Tensor:
-    """KL(Beta(alpha_p, beta_p) || Beta(alpha_q, beta_q)) per dimension."""
-    digamma, total_p = torch.special.digamma, alpha_p + beta_p
-    # LaTeX: \mathrm{KL}(p \| q) = \log \tfrac{B(\alpha_q, \beta_q)}{B(\alpha_p, \beta_p)} + (\alpha_p - \alpha_q)\psi(\alpha_p) + (\beta_p - \beta_q)\psi(\beta_p) + (\alpha_q - \alpha_p + \beta_q - \beta_p)\psi(\alpha_p + \beta_p)
-    kl = log_beta_function(alpha_q, beta_q) - log_beta_function(alpha_p, beta_p)
-    kl = kl + (alpha_p - alpha_q) * digamma(alpha_p) + (beta_p - beta_q) * digamma(beta_p)
-    return kl + (alpha_q - alpha_p + beta_q - beta_p) * digamma(total_p)
-
-
-def beta_decoupled_kl(alpha, beta, old_alpha, old_beta) -> tuple[torch.Tensor, torch.Tensor]:
-    """V-MPO's decoupled bounds for a Beta, written with its mean m = alpha / (alpha + beta) and concentration
-    k = alpha + beta: D_mu moves the mean at the old concentration, D_sigma the concentration at the old mean."""
-    mean, conc, old_mean, old_conc = (
-        alpha / (alpha + beta),
-        alpha + beta,
-        old_alpha / (old_alpha + old_beta),
-        old_alpha + old_beta,
-    )
-    # LaTeX: D_\mu(s_t) = \sum_j \mathrm{KL}\big(\mathrm{B}(m^{old}_j, k^{old}_j) \,\|\, \mathrm{B}(m_j, k^{old}_j)\big), \quad \mathrm{B}(m, k) = \mathrm{Beta}(m k, (1 - m) k)
-    kl_mu = beta_kl(old_alpha, old_beta, mean * old_conc, (1.0 - mean) * old_conc).sum(-1)
-    # LaTeX: D_\sigma(s_t) = \sum_j \mathrm{KL}\big(\mathrm{B}(m^{old}_j, k^{old}_j) \,\|\, \mathrm{B}(m^{old}_j, k_j)\big)
-    kl_sigma = beta_kl(old_alpha, old_beta, old_mean * conc, (1.0 - old_mean) * conc).sum(-1)
-    return kl_mu, kl_sigma
+UNBOUNDED = 1e6  # where an infinite bound of the action box stands
 
 
 # ---------------------------------------------------------------------------------------
-# Observation and reward normalization
+# Normalization
 # ---------------------------------------------------------------------------------------
 class RunningMeanStd:
     """Running mean and variance (float64) of batches (Chan et al.'s parallel update), shared by all training envs."""
@@ -520,7 +473,7 @@ def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.T
         params = agent.policy(next_obs)
         u = agent.policy_head.sample(params)
         buf.u[step], buf.params[step] = u, params
-        raw_obs, reward, terminated, truncated, infos = envs.step(agent.env_action(u).cpu().numpy())
+        raw_obs, reward, terminated, truncated, infos = envs.step(agent.policy_head.env_action(u).cpu().numpy())
         obs_rms.update(raw_obs)
         next_obs = torch.as_tensor(obs_rms.normalize(raw_obs), device=next_obs.device)
         prev_done = terminated | truncated
@@ -622,16 +575,6 @@ def e_step(advantages, restarting_weights, temperature: torch.Tensor, topk_fract
     return {"weights": weights, "selected_weights": selected_weights, "threshold": threshold, "dual_loss": dual_loss, "kl": kl}
 
 
-def decoupled_kl(mean, log_std, old_mean, old_log_std) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample KL(N(mu_old, sigma_old) || N(mu, sigma_old)) of the mean, KL(... || N(mu_old, sigma)) of the covariance."""
-    old_var = (2.0 * old_log_std).exp()
-    # LaTeX: D_\mu(s_t) = \sum_j \frac{(\mu_j - \mu^{old}_j)^2}{2(\sigma^{old}_j)^2}
-    kl_mu = ((mean - old_mean) ** 2 / (2.0 * old_var)).sum(-1)
-    # LaTeX: D_\sigma(s_t) = \frac{1}{2} \sum_j \big((\sigma^{old}_j / \sigma_j)^2 - 1 + 2\log(\sigma_j / \sigma^{old}_j)\big)
-    kl_sigma = 0.5 * (old_var / (2.0 * log_std).exp() - 1.0 + 2.0 * (log_std - old_log_std)).sum(-1)
-    return kl_mu, kl_sigma
-
-
 def rpo_perturbation(mean: torch.Tensor, alpha: float) -> torch.Tensor:
     """--rpo-alpha (Rahman & Xue, 2022, "Robust Policy Optimization"): the mean (or each of the Beta's logits) shifted by
     fresh uniform noise, so the fit to the top k cannot pull the spread in as tightly as around the mean itself; 0 returns
@@ -657,14 +600,14 @@ def clipped_likelihood_loss(weights, push_weights, log_ratio: torch.Tensor, clip
     return pull + push
 
 
-def m_step_losses(family, params, values, mb: dict, low, high, m_step: str, clip: float, rpo_alpha: float) -> dict:
+def m_step_losses(family, params, values, mb: dict, m_step: str, clip: float, rpo_alpha: float) -> dict:
     """The M-step's losses on one minibatch from the networks' outputs on it (the policy's parameters under `family`): the
     likelihood loss of --m-step, the decoupled KLs over the selected samples, the value loss. `mb` holds the acting
     policy's parameters, the samples u and their log-probability under it, the E-step's weights (psi, psi_minus,
     selected), `restarting` and `returns`."""
     # RPO's shift moves only the likelihood's policy: the KL bounds, the old log-probability and acting see its own.
     # LaTeX: \log \pi_\theta(a_t|s_t) = \log \pi(\operatorname{clip}(u_t) \mid \tilde{\mu}_\theta(s_t), \sigma_\theta(s_t)) \ \text{(Gaussian)}, \quad \log \mathrm{Beta}(x_t \mid \tilde{\alpha}_\theta(s_t), \tilde{\beta}_\theta(s_t)) \ \text{(Beta)}
-    log_prob = family.log_prob(family.shift(params, rpo_alpha), mb["u"], low, high)
+    log_prob = family.log_prob(family.shift(params, rpo_alpha), mb["u"])
     # LaTeX: \log \rho_t = \log \pi_\theta(a_t|s_t) - \log \pi_{old}(a_t|s_t)
     log_ratio = log_prob - mb["old_log_prob"]
     if m_step == "clip":
@@ -720,18 +663,17 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     # --m-step clip's push: the mirror E-step (same temperature and k, negated advantages), exp(-s_t) on the bottom k.
     # LaTeX: \psi^-_t \propto \bar{w}^-_t e^{-s_t}, \quad \bar{w}^-_t = w^{restart}_t [t \in \mathrm{BottomK}(s, k)]
     push_weights = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)["weights"]
-    low, high = agent.action_low, agent.action_high
     # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
     family = agent.policy_head
     fields = {key: batch[key] for key in ("obs", "u", "params", "returns")}
-    fields["old_log_prob"] = family.log_prob(batch["params"], batch["u"], low, high)
+    fields["old_log_prob"] = family.log_prob(batch["params"], batch["u"])
     fields["psi"], fields["psi_minus"] = args.num_minibatches * estep["weights"], args.num_minibatches * push_weights
     fields["selected"], fields["restarting"] = estep["selected_weights"], restarting
 
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
     for mb in minibatches(fields, args.num_minibatches, args.m_steps):
         params, values = agent(mb["obs"])
-        losses = m_step_losses(family, params, values, mb, low, high, args.m_step, args.m_step_clip, args.rpo_alpha)
+        losses = m_step_losses(family, params, values, mb, args.m_step, args.m_step_clip, args.rpo_alpha)
         # The multipliers' dual loss, KLs held constant: minimizing it grows alpha while its KL is above epsilon.
         alpha_mu, alpha_sigma = duals.alphas()
         kl_mu, kl_sigma = losses["kl_mu"].detach(), losses["kl_sigma"].detach()
@@ -828,13 +770,12 @@ def set_up(args: Args) -> Run:
     if args.resume and args.total_timesteps // (args.num_envs * args.num_steps) <= source["iteration"]:
         nothing = f"--total-timesteps {args.total_timesteps} leaves nothing to train after the checkpoint's step"
         raise ConfigError(f"{nothing} {source['global_step']}; pass a larger total to continue")
-    check_args(args, gl_backend)
+    policy, rpo_alpha, init_log_std, note = check_args(args, gl_backend)
     if not args.eval_only:  # the checkpoint records the resolved policy and backend, so --resume keeps them
-        policy, rpo_alpha, note = choose_policy(args)
         print(note)
         backend, note = choose_env_backend(args)
         print(note)
-        args = dataclasses.replace(args, policy=policy, rpo_alpha=rpo_alpha, env_backend=backend)
+        args = dataclasses.replace(args, policy=policy, rpo_alpha=rpo_alpha, init_log_std=init_log_std, env_backend=backend)
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
@@ -957,10 +898,9 @@ def train(args: Args) -> dict:
             writer.add_scalar("charts/SPS", sps, run.global_step)
             trained = batch["resets"] == 0  # the value's fit over the trained samples, with the values that acted
             stats["losses/explained_variance"] = explained_variance(batch["values"][trained], batch["returns"][trained])
-            # The share of sampled action components at a bound (the Gaussian's, clipped there; the Beta's, within 1% of
-            # the box's width): near 1, the policy acts bang-bang.
-            at_bounds = agent.policy_head.at_bounds(batch["u"], agent.action_low, agent.action_high)
-            stats["charts/actions_at_bounds"] = at_bounds[trained].float().mean()
+            # The share of the played action components within 1% of the box's width from a bound: near 1, bang-bang.
+            at_bounds = agent.policy_head.at_bounds(agent.policy_head.env_action(batch["u"][trained]))
+            stats["charts/actions_at_bounds"] = at_bounds.float().mean()
             for key, value in stats.items():
                 writer.add_scalar(key, value, run.global_step)
 
@@ -1041,9 +981,15 @@ def resolve_env_id(env_id: str) -> str:
             tasks = ", ".join(sorted(suite.TASKS_BY_DOMAIN[domain]))
             raise ConfigError(f"unknown task {task!r} for dm_control domain {domain!r}; valid tasks: {tasks}")
         return f"dm_control/{domain}-{task}-v0"
-    if env_id not in gym.registry:
+    module, _, name = env_id.rpartition(":")  # gymnasium's "module:Env-v0": importing the module registers the env
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"env id {env_id!r}: its module {module!r} does not import ({e})") from None
+    if name not in gym.registry:
         raise ConfigError(f"unknown env id {env_id!r}; accepted: a registered gymnasium id, {DM_CONTROL_FORMS}, or a probe id")
-    return env_id
+    return name
 
 
 # Headless MuJoCo rendering: each MUJOCO_GL backend and the shared library it loads, in order of preference.
@@ -1127,20 +1073,27 @@ def envpool_task_id(gym_id: str) -> str | None:
     return task_id if task_id in envpool.list_all_envs() else None
 
 
-def choose_policy(args: Args) -> tuple[str, float, str]:
-    """--policy and --rpo-alpha resolved, and one line that says which family trains and why. `auto` picks what the
-    benchmarks chose per suite: the Gaussian where the control suite rewards full force (walker, finger, hopper), the
-    Beta elsewhere: gymnasium's MuJoCo tasks, like most real rewards, charge for torque, and the Gaussian's bang-bang
-    actions make the ant fall (benchmarks/README.md, "Why each default")."""
+def choose_policy(args: Args, space: gym.spaces.Box) -> tuple[str, float, float | None, str]:
+    """--policy, --rpo-alpha and --init-log-std resolved, and one line that says which family trains and why; a ConfigError
+    where the family cannot serve the box or would ignore a flag. `auto` picks the Gaussian on the control suite, whose
+    rewards pay for full force, and on a box with an infinite bound, which it leaves unclipped; elsewhere the Beta, since
+    rewards there mostly charge for torque (benchmarks/README.md, "Why each default")."""
+    infinite = [f"{name} {getattr(space, name)}" for name in ("low", "high") if not np.isfinite(getattr(space, name)).all()]
     policy, why = args.policy, f"--policy {args.policy}"
-    if policy == "auto":
-        control_suite = args.env_id.startswith("dm_control/")
-        policy = "gaussian" if control_suite else "beta"
-        is_control = "is a control-suite task, whose rewards pay for full force"
-        is_other = "is not a control-suite task; rewards elsewhere mostly charge for torque"
-        why = f"--policy auto: {args.env_id} {is_control if control_suite else is_other}"
+    if policy == "auto" and args.env_id.startswith("dm_control/"):
+        policy, why = "gaussian", f"--policy auto: {args.env_id} is a control-suite task, whose rewards pay for full force"
+    elif policy == "auto" and infinite:
+        policy, why = "gaussian", f"--policy auto: {args.env_id}'s action box is unbounded ({infinite[0]}), so no clip"
+    elif policy == "auto":
+        elsewhere = "is not a control-suite task; rewards elsewhere mostly charge for torque"
+        policy, why = "beta", f"--policy auto: {args.env_id} {elsewhere}"
+    if policy == "beta" and infinite:
+        raise ConfigError(f"--policy beta needs a bounded action box; {args.env_id} has {infinite[0]}: use --policy gaussian")
+    if policy == "beta" and args.init_log_std is not None:
+        raise ConfigError(f"--init-log-std sets the Gaussian's std; the Beta that {why.split(':')[0]} trains has none")
     rpo_alpha = RPO_ALPHA[policy] if args.rpo_alpha is None else args.rpo_alpha
-    return policy, rpo_alpha, f"policy: {policy} ({why}), RPO shift alpha {rpo_alpha}"
+    init_log_std = None if policy == "beta" else 0.0 if args.init_log_std is None else args.init_log_std
+    return policy, rpo_alpha, init_log_std, f"policy: {policy} ({why}), RPO shift alpha {rpo_alpha}"
 
 
 def choose_env_backend(args: Args) -> tuple[str, str]:
@@ -1231,12 +1184,13 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
     """One episode per eval env with the deterministic action, the policy's mean action (the Gaussian's E[clip(u)]), then
     one sampled from the same starts, on the frozen normalizer; logs `eval/*` (where the two policies part) and returns
     the deterministic returns."""
+    family = run.agent.policy_head
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
 
     def sampled_action(obs: torch.Tensor) -> torch.Tensor:
-        return run.agent.env_action(run.agent.policy_head.sample(run.agent.policy(obs), generator=noise))
+        return family.env_action(family.sample(run.agent.policy(obs), generator=noise))
 
-    returns, lengths = run_episodes(run, run.agent.deterministic_action, video_name)
+    returns, lengths = run_episodes(run, lambda obs: family.mean_action(run.agent.policy(obs)), video_name)
     sampled_returns, _ = run_episodes(run, sampled_action)
     stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
     stats |= {"length_mean": lengths.mean(), "sampled_return_mean": sampled_returns.mean()}
@@ -1342,8 +1296,8 @@ def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
 # ---------------------------------------------------------------------------------------
 # Argument checks
 # ---------------------------------------------------------------------------------------
-def check_args(args: Args, gl_backend: str | None) -> None:
-    """Reject impossible settings with one line, before any heavy work."""
+def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | None, str]:
+    """Reject impossible settings with one line, before any heavy work; `choose_policy`'s answer for the env's actions."""
 
     def require(ok: bool, flag: str, accepted: str) -> None:
         if not ok:
@@ -1374,8 +1328,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
     if not isinstance(space, gym.spaces.Box):
         use = ": use ppo_discrete.py" if isinstance(space, gym.spaces.Discrete) else ""
         raise ConfigError(f"{args.env_id} has a {type(space).__name__} action space; {SCRIPT}.py needs Box actions{use}")
-    if not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
-        raise ConfigError(f"{args.env_id!r} has unbounded actions {space}; the policy needs finite bounds")
+    policy = choose_policy(args, space)
     if args.capture_video:
         check_video(args.env_id, gl_backend)
     try:
@@ -1384,6 +1337,7 @@ def check_args(args: Args, gl_backend: str | None) -> None:
         raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created ({e.strerror or e})") from None
     if not os.access(args.output_dir, os.W_OK | os.X_OK):
         raise ConfigError(f"--output-dir {args.output_dir!r} is not writable")
+    return policy
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import imageio
 import numpy as np
 import pytest
@@ -689,17 +690,83 @@ def test_without_observation_normalization_the_checkpoint_still_holds_its_statis
     assert not ckpt["obs_rms"]["mean"].any() and bool((ckpt["obs_rms"]["var"] == 1).all())  # never updated
 
 
+BOUNDED, UNBOUNDED = gym.spaces.Box(-1.0, 1.0, (2,)), gym.spaces.Box(-np.inf, np.inf, (2,))
+
+
 @pytest.mark.parametrize("name", ["ppo_continuous", "vmpo_continuous"])
-def test_policy_auto_trains_the_gaussian_on_the_control_suite_and_the_beta_elsewhere(name):
-    """--policy auto by the env id's suite; --rpo-alpha unset takes the family's; explicit flags win."""
+def test_policy_auto_trains_the_gaussian_on_the_control_suite_or_an_unbounded_box_and_the_beta_elsewhere(name):
+    """--policy auto by the env id's suite and the action box; unset --rpo-alpha and --init-log-std take the family's;
+    explicit flags win; the Beta refuses an unbounded box and a Gaussian's flag."""
     module = importlib.import_module(name)
-    choose = lambda **kw: module.choose_policy(module.Args(**kw))[:2]  # noqa: E731
-    assert choose(env_id="dm_control/walker/walk") == ("gaussian", 0.5)
-    assert choose(env_id="dm_control/cartpole-swingup-v0") == ("gaussian", 0.5)
+    choose = lambda space=BOUNDED, **kw: module.choose_policy(module.Args(**kw), space)[:3]  # noqa: E731
+    assert choose(env_id="dm_control/walker/walk") == ("gaussian", 0.5, 0.0)
+    assert choose(env_id="dm_control/cartpole-swingup-v0", init_log_std=-0.5) == ("gaussian", 0.5, -0.5)
     for env_id in ("Ant-v5", "Pendulum-v1", "Probe4Continuous-v0", "MyCompany/Arm-v0"):
-        assert choose(env_id=env_id) == ("beta", 0.2), env_id
-    assert choose(env_id="Ant-v5", policy="gaussian") == ("gaussian", 0.5)
-    assert choose(env_id="dm_control/walker/walk", policy="beta", rpo_alpha=0.0) == ("beta", 0.0)
+        assert choose(env_id=env_id) == ("beta", 0.2, None), env_id
+        assert choose(UNBOUNDED, env_id=env_id) == ("gaussian", 0.5, 0.0), env_id
+    assert choose(env_id="Ant-v5", policy="gaussian") == ("gaussian", 0.5, 0.0)
+    assert choose(env_id="dm_control/walker/walk", policy="beta", rpo_alpha=0.0) == ("beta", 0.0, None)
+    with pytest.raises(module.ConfigError, match=r"^--policy beta needs a bounded action box; Foo-v0 has low \[-inf -inf\]"):
+        choose(UNBOUNDED, env_id="Foo-v0", policy="beta")
+    with pytest.raises(module.ConfigError, match=r"^--init-log-std sets the Gaussian's std; the Beta that --policy auto"):
+        choose(env_id="Ant-v5", init_log_std=-1.0)
+
+
+USER_ENVS = """
+import gymnasium as gym
+import numpy as np
+
+
+class OneStep(gym.Env):
+    \"\"\"One step, reward -|a|^2: a user's env with the action space it is given.\"\"\"
+
+    def __init__(self, action_space):
+        self.observation_space, self.action_space = gym.spaces.Box(-1.0, 1.0, (3,)), action_space
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), -float(np.sum(np.square(action))), True, False, {}
+
+
+gym.register("User/Unbounded-v0", entry_point=OneStep, kwargs={"action_space": gym.spaces.Box(-np.inf, np.inf, (2,))})
+gym.register("User/MultiDiscrete-v0", entry_point=OneStep, kwargs={"action_space": gym.spaces.MultiDiscrete([3, 3])})
+"""
+
+
+def user_env_cli(name: str, tmp_path: Path, env_id: str, *extra: str) -> subprocess.CompletedProcess:
+    """The script's command line on an env that a user's module registers (`module:id`, gymnasium's form)."""
+    (tmp_path / "user_envs.py").write_text(USER_ENVS)
+    cli = tiny_cli(name, "--total-timesteps", str(BATCH), "--output-dir", str(tmp_path / "runs"), *extra, env=env_id)
+    return run_cli(f"{name}.py", cli, env={"PYTHONPATH": str(tmp_path)})
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous", "vmpo_continuous"])
+def test_an_unbounded_action_box_trains_the_gaussian_unclipped_and_says_so_first(name, tmp_path):
+    proc = user_env_cli(name, tmp_path, "user_envs:User/Unbounded-v0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("policy: gaussian (--policy auto: user_envs:User/Unbounded-v0's action box is unbounded (low")
+    assert "so no clip), RPO shift alpha 0.5" in first, first
+    assert math.isfinite(float(re.search(r"final eval return (\S+)", proc.stdout)[1]))
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous", "vmpo_continuous"])
+@pytest.mark.parametrize(
+    "env_id,extra,message",
+    [
+        ("user_envs:User/Unbounded-v0", ["--policy", "beta"], "--policy beta needs a bounded action box; "),
+        ("user_envs:User/MultiDiscrete-v0", [], "user_envs:User/MultiDiscrete-v0 has a MultiDiscrete action space; "),
+        ("Pendulum-v1", ["--init-log-std", "-1"], "--init-log-std sets the Gaussian's std; the Beta that --policy auto"),
+        ("no_such_module:User/Unbounded-v0", [], "env id 'no_such_module:User/Unbounded-v0': its module 'no_such_module'"),
+    ],
+)
+def test_an_action_space_or_flag_the_family_cannot_serve_is_one_line(name, env_id, extra, message, tmp_path):
+    line = one_error_line(user_env_cli(name, tmp_path, env_id, *extra))
+    assert line.startswith(f"error: {message}"), line
+    assert "ppo_discrete.py" not in line and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("name", ["ppo_continuous", "vmpo_continuous"])
@@ -733,12 +800,13 @@ def test_evaluation_logs_the_sampled_policy_and_failed_episodes_without_touching
 @pytest.mark.parametrize("name", ["ppo_continuous", "vmpo_continuous"])
 @pytest.mark.parametrize("log_std", [2.0, -3.0])
 def test_actions_at_bounds_is_the_share_of_samples_the_env_clips(name, log_std, tmp_path):
-    """The first rollout's `charts/actions_at_bounds` against P(|u| > 2), u ~ N(0, sigma^2): the initial mean is about
-    0 and Pendulum's bound is 2. Wide (sigma 7.4), about 0.79 of 128 samples are clipped (1 sd 0.04); narrow, none."""
+    """The first rollout's `charts/actions_at_bounds` against P(|u| > 1.96), u ~ N(0, sigma^2): the initial mean is about
+    0, Pendulum's bound is 2 and 1% of its width 0.04. Wide (sigma 7.4), about 0.79 of 128 samples are at a bound (1 sd
+    0.04); narrow, none."""
     cli = tiny_cli(
         name, "--policy", "gaussian", "--init-log-std", str(log_std), "--total-timesteps", str(BATCH), "--eval-interval", "0"
     )
     result = train(name, *cli, "--output-dir", str(tmp_path))
     [(step, logged)] = read_scalars(result["run_dir"])["charts/actions_at_bounds"]
-    expected = 1 - math.erf(2 / (math.exp(log_std) * math.sqrt(2)))
+    expected = 1 - math.erf(1.96 / (math.exp(log_std) * math.sqrt(2)))
     assert step == BATCH and abs(logged - expected) < 0.12, (logged, expected)

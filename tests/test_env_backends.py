@@ -172,7 +172,7 @@ def test_short_episodes_on_envpool_train_no_reset_step_and_bootstrap_from_the_fi
     assert isinstance(envs.unwrapped, module.EnvPoolVectorEnv)
     obs, _ = envs.reset(seed=7)
     if name == "ppo_continuous":
-        agent = module.Agent(24, 6, "gaussian", (32, 32), (32, 32))
+        agent = module.Agent(24, envs.single_action_space, "gaussian", (32, 32), (32, 32))
         policy, rollout = module.RolloutPolicy(agent), module.Rollout.empty(16, envs)
         module.collect_rollout(
             policy,
@@ -194,7 +194,11 @@ def test_short_episodes_on_envpool_train_no_reset_step_and_bootstrap_from_the_fi
         obs_rms = module.RunningMeanStd(envs.single_observation_space.shape, enabled=False)
         no_scaling = module.RewardScaler(2, 0.99, False)
         module.collect_rollout(agent, envs, obs_rms, no_scaling, torch.as_tensor(obs_rms.normalize(obs)), rollout)
-        reset_rows, observations, actions = rollout.resets.numpy(), rollout.obs.numpy(), agent.env_action(rollout.u).numpy()
+        reset_rows, observations, actions = (
+            rollout.resets.numpy(),
+            rollout.obs.numpy(),
+            agent.policy_head.env_action(rollout.u).numpy(),
+        )
         # The values, computed in one pass after the rollout, are V of each row's observation, one env step at a time;
         # train() bootstraps row t from row t + 1, so at a truncation from the real final observation (row 5).
         with torch.no_grad():

@@ -41,85 +41,69 @@ def tiny_args(tmp_path: Path, **overrides) -> pc.Args:
 def load_agent(run_dir: Path, name: str = "ppo_continuous_last.pt"):
     ckpt = torch.load(run_dir / name, map_location="cpu", weights_only=True)
     a = ckpt["args"]
-    last_bias = [key for key in ckpt["agent"] if key.startswith("actor.") and key.endswith(".bias")][-1]
-    obs_dim = ckpt["obs_rms"]["mean"].numel()
-    act_dim = ckpt["agent"][last_bias].numel() // pc.POLICIES[a["policy"]].outputs_per_dim
-    agent = pc.Agent(obs_dim, act_dim, a["policy"], tuple(a["policy_hidden_sizes"]), tuple(a["value_hidden_sizes"]))
+    with gym.make(pc.resolve_env_id(a["env_id"])) as env:
+        space = env.action_space
+    agent = pc.Agent(ckpt["obs_rms"]["mean"].numel(), space, a["policy"], a["policy_hidden_sizes"], a["value_hidden_sizes"])
     agent.load_state_dict(ckpt["agent"])
     return agent, ckpt
 
 
 # ---------------------------------------------------------------------------------------------
-# Math against independent computations
+# Math against independent computations (the families' shared math: tests/test_policy_families.py)
 # ---------------------------------------------------------------------------------------------
+BOX3 = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 
 
 def test_gaussian_log_prob_and_entropy_match_torch_distributions():
     torch.manual_seed(0)
-    mean, log_std = torch.randn(7, 3), torch.randn(3) * 0.5
-    action = mean + torch.randn(7, 3) * 2.0
-    reference = torch.distributions.Normal(mean, log_std.exp().expand_as(mean))
-    torch.testing.assert_close(pc.gaussian_log_prob(mean, log_std, action), reference.log_prob(action).sum(-1))
-    torch.testing.assert_close(pc.gaussian_entropy(log_std), reference.entropy().sum(-1)[0])
+    head = pc.Agent(5, BOX3, "gaussian", (16,), (16,), init_log_std=-0.3).policy_head
+    with torch.no_grad():
+        head.log_std.copy_(torch.randn(3) * 0.5)
+    mean = torch.randn(7, 3)
+    u = mean + torch.randn(7, 3) * 2.0
+    reference = torch.distributions.Normal(mean, head.log_std.exp().expand_as(mean))
+    with torch.no_grad():
+        torch.testing.assert_close(head.log_prob(mean, u), reference.log_prob(u).sum(-1))
+        torch.testing.assert_close(head.entropy(mean), reference.entropy().sum(-1))
 
 
 def test_rollout_policy_matches_the_agent_and_its_log_prob_is_of_the_returned_action():
     torch.manual_seed(0)
     np.random.seed(0)
-    agent = pc.Agent(5, 3, "gaussian", (16, 8), (16,), init_log_std=-0.3)
+    agent = pc.Agent(5, BOX3, "gaussian", (16, 8), (16,), init_log_std=-0.3)
     policy = pc.RolloutPolicy(agent)
     obs = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
-    action, logprob, value = policy.act(obs)
+    u, logprob, value = policy.act(obs)
     with torch.no_grad():
-        mean = agent.actor(torch.from_numpy(obs))
-        reference = torch.distributions.Normal(mean, agent.policy.log_std.exp().expand_as(mean))
-        torch.testing.assert_close(torch.from_numpy(logprob), reference.log_prob(torch.from_numpy(action)).sum(-1))
+        mean = agent.policy(torch.from_numpy(obs))
+        reference = torch.distributions.Normal(mean, agent.policy_head.log_std.exp().expand_as(mean))
+        torch.testing.assert_close(torch.from_numpy(logprob), reference.log_prob(torch.from_numpy(u)).sum(-1))
         torch.testing.assert_close(torch.from_numpy(value), agent.critic(torch.from_numpy(obs)).squeeze(-1))
-    assert np.abs(action - mean.numpy()).mean() > 0.1  # sampled, not the mean
+    assert np.abs(u - mean.numpy()).mean() > 0.1  # sampled, not the mean
     with torch.no_grad():  # a new snapshot picks up new weights
         agent.critic[0].bias.add_(1.0)
     policy = pc.RolloutPolicy(agent)
     torch.testing.assert_close(torch.from_numpy(policy.value(obs)), agent.critic(torch.from_numpy(obs)).squeeze(-1).detach())
 
 
-def test_beta_log_prob_entropy_and_the_rollouts_sample_match_scipy():
-    """The Beta family's log-density and entropy against scipy, from the actor's output (alpha logits, then beta
-    logits); the numpy rollout's sample lies in (0, 1) with the log-probability of that sample; the evaluated action is
-    the mean, E[x] = alpha / (alpha + beta), mapped onto the box."""
+def test_the_betas_numpy_rollout_sample_lies_in_the_unit_box_with_scipys_log_prob():
+    """The rollout's numpy Beta: alpha = 1 + softplus of the head's first half, beta of its second; the sample lies in
+    (0, 1) and its log-probability is scipy's at that sample."""
     from scipy import stats
 
     torch.manual_seed(0)
     np.random.seed(0)
-    agent = pc.Agent(5, 3, "beta", (16, 8), (16,))
+    agent = pc.Agent(5, BOX3, "beta", (16, 8), (16,))
     with torch.no_grad():  # away from the near-zero start, so the concentrations differ
-        agent.actor[-1].bias.copy_(torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 4.0]))
+        agent.policy_head.bias.copy_(torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 4.0]))
     obs = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
-    x, logprob, _ = pc.RolloutPolicy(agent).act(obs)
+    u, logprob, _ = pc.RolloutPolicy(agent).act(obs)
     with torch.no_grad():
-        out = agent.actor(torch.from_numpy(obs))
-        alpha, beta = (c.double().numpy() for c in pc.BetaPolicy.concentrations(out))
-        np.testing.assert_allclose(alpha, 1 + np.log1p(np.exp(out[:, :3].double().numpy())), rtol=1e-6)
-        assert x.shape == (4, 3) and 0 < x.min() and x.max() < 1
-        np.testing.assert_allclose(logprob, stats.beta.logpdf(x, alpha, beta).sum(-1), rtol=1e-4)
-        np.testing.assert_allclose(agent.policy.log_prob(out, torch.from_numpy(x)).numpy(), logprob, rtol=1e-5)
-        np.testing.assert_allclose(agent.policy.entropy(out).numpy(), stats.beta.entropy(alpha, beta).sum(-1), rtol=1e-4)
-        mean = agent.policy.mean_action(out).numpy()
-        np.testing.assert_allclose(mean, stats.beta.mean(alpha, beta), rtol=1e-5)
-    low, high = np.array([-1.0, 0.0, -4.0]), np.array([1.0, 2.0, 4.0])
-    np.testing.assert_allclose(agent.policy.env_action(mean, low, high), low + (high - low) * mean)
-    assert agent.policy.at_bounds(np.array([0.005, 0.5, 0.995]), low, high).tolist() == [True, False, True]
-
-
-def test_the_beta_samples_from_a_generator_leave_the_global_rng_alone():
-    from scipy import stats
-
-    out = torch.tensor([[0.3, -1.0]]).expand(50_000, 2)  # alpha 1.85, beta 1.31
-    state = torch.get_rng_state()
-    x = pc.BetaPolicy.sample(out, torch.Generator().manual_seed(0))
-    assert torch.equal(torch.get_rng_state(), state)
-    assert torch.equal(x, pc.BetaPolicy.sample(out, torch.Generator().manual_seed(0)))
-    alpha, beta = (float(c[0, 0]) for c in pc.BetaPolicy.concentrations(out))
-    assert stats.kstest(x[:, 0].numpy(), stats.beta(alpha, beta).cdf).pvalue > 0.01
+        logits = agent.policy_head.weight.numpy() @ agent.actor(torch.from_numpy(obs)).numpy().T
+    logits = logits.T + np.array([2.0, -1.0, 0.5, -3.0, 1.0, 4.0])
+    alpha, beta = 1 + np.log1p(np.exp(logits[:, :3])), 1 + np.log1p(np.exp(logits[:, 3:]))
+    assert u.shape == (4, 3) and 0 < u.min() and u.max() < 1
+    np.testing.assert_allclose(logprob, stats.beta.logpdf(u, alpha, beta).sum(-1), rtol=1e-4)
 
 
 def brute_force_gae(rewards, values, next_values, terminations, dones, gamma, lam):
@@ -242,19 +226,18 @@ def test_learns_continuous_probe(tmp_path, k, policy):
     )
     summary = pc.train(args)
     agent, ckpt = load_agent(Path(summary["run_dir"]))
+    head = agent.policy_head
     rms = pc.RunningMeanStd((1,))
     rms.load_state_dict(ckpt["obs_rms"])
 
     def normalize(obs):
         return torch.as_tensor(np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10), dtype=torch.float32)
 
-    def env_action(sample: torch.Tensor) -> np.ndarray:
-        return agent.policy.env_action(sample.numpy(), np.float32(-1.0), np.float32(1.0)).reshape(-1)
-
     def policy_return(obs: float) -> float:
         """E[1 - (a - a*)^2] over 200,000 of the policy's actions, played as the env plays them."""
-        out = agent.actor(normalize(np.array([[obs]], np.float32))).expand(200_000, -1)
-        actions = np.clip(env_action(agent.policy.sample(out, torch.Generator().manual_seed(0))), -1, 1)
+        params = agent.policy(normalize(np.array([[obs]], np.float32)))
+        params = params.expand(200_000, *params.shape[1:])
+        actions = head.env_action(head.sample(params, torch.Generator().manual_seed(0))).numpy().reshape(-1)
         best = {4: 0.5, 5: 0.5 * obs, 6: obs}.get(k, 0.0)
         return float(np.mean(1.0 - (actions - best) ** 2))
 
@@ -263,7 +246,7 @@ def test_learns_continuous_probe(tmp_path, k, policy):
             env_id,
             gamma,
             value_fn=lambda o: agent.value(normalize(o)).numpy(),
-            action_fn=lambda o: env_action(agent.policy.mean_action(agent.actor(normalize(o)))),
+            action_fn=lambda o: head.mean_action(agent.policy(normalize(o))).numpy().reshape(-1),
             policy_return_fn=policy_return,
             value_tol=0.05,
             action_tol=0.1,

@@ -65,9 +65,9 @@ def tiny_args(**overrides) -> V.Args:
 
 
 def resolved(args: V.Args) -> V.Args:
-    """`args` with --policy and --rpo-alpha resolved, as set_up resolves them."""
-    policy, rpo_alpha, _ = V.choose_policy(args)
-    return dataclasses.replace(args, policy=policy, rpo_alpha=rpo_alpha)
+    """`args` with --policy, --rpo-alpha and --init-log-std resolved, as set_up resolves them (on a bounded box)."""
+    policy, rpo_alpha, init_log_std, _ = V.choose_policy(args, Box(-1.0, 1.0, (1,)))
+    return dataclasses.replace(args, policy=policy, rpo_alpha=rpo_alpha, init_log_std=init_log_std)
 
 
 # ---------------------------------------------------------------------------------
@@ -106,8 +106,7 @@ def test_the_evaluated_action_is_the_mean_of_the_clipped_gaussian():
     cases = [(0.0, 1.0), (0.7, 0.3), (3.4, 1.0), (-4.7, 0.6), (1.5, 2.5), (0.2, 0.05), (0.4, 4.6)]
     for mean_u, std_u in cases:
         mean, log_std = torch.full((1, 3), mean_u), torch.full((1, 3), math.log(std_u))
-        agent.policy = lambda obs, m=mean, ls=log_std: torch.stack([m, ls], -2)
-        ours = agent.deterministic_action(torch.zeros(1, 2))[0].double().numpy()
+        ours = agent.policy_head.mean_action(torch.stack([mean, log_std], -2))[0].double().numpy()
         u = stats.norm(mean_u, std_u)
         inside = [integrate.quad(lambda x, p=u.pdf: x * p(x), lo, hi)[0] for lo, hi in zip(low, high, strict=True)]
         expected = low * u.cdf(low) + np.array(inside) + high * u.sf(high)
@@ -119,10 +118,6 @@ def test_the_evaluated_action_is_the_mean_of_the_clipped_gaussian():
 
 def test_the_rollout_stores_u_and_the_env_plays_it_clipped():
     """The rollout keeps the pre-clip sample (the M-step's Gaussian is fitted to it), the env gets it clipped."""
-    low, high = np.array([-1.0, 0.0]), np.array([1.0, 2.0])
-    agent = make_agent(2, box(low, high))
-    u = torch.tensor([[-3.0, 1.5], [0.5, -0.2], [1.2, 7.0]])
-    np.testing.assert_array_equal(agent.env_action(u).numpy(), np.clip(u.numpy(), low, high))
     args = tiny_args(init_log_std=1.0)  # std e: most samples land beyond [-1, 1]
     envs = V.make_vector_env(args, args.num_envs, args.seed)
     torch.manual_seed(0)
@@ -147,7 +142,7 @@ def test_clipped_gaussian_log_prob_is_the_played_actions_probability():
     low, high = torch.tensor([-1.0, 0.0, -2.0]), torch.tensor([1.0, 2.0, 0.5])
     mean, log_std = torch.tensor([[0.3, 2.5, -1.0]]), torch.tensor([[-0.2, 0.4, 0.0]])
     u = torch.tensor([[-1.7, 1.2, 0.9], [0.2, -0.3, -2.0], [5.0, 2.0, -1.3]])
-    ours = V.clipped_gaussian_log_prob(mean, log_std, u, low, high)
+    ours = make_agent(2, box(low, high)).policy_head.log_prob(torch.stack([mean, log_std], -2), u)
     m, s, lo, hi = mean.numpy()[0], log_std.exp().numpy()[0], low.numpy(), high.numpy()
     per_dim = np.where(
         u.numpy() <= lo,
@@ -157,8 +152,9 @@ def test_clipped_gaussian_log_prob_is_the_played_actions_probability():
     np.testing.assert_allclose(ours.numpy(), per_dim.sum(-1), rtol=1e-5)
 
     def density(x: float, j: int) -> float:  # p(a_j = x) of dimension j alone
-        d = slice(j, j + 1)
-        return math.exp(float(V.clipped_gaussian_log_prob(mean[:, d], log_std[:, d], torch.tensor([[x]]), low[d], high[d])))
+        head = make_agent(2, box(lo[j : j + 1], hi[j : j + 1])).policy_head
+        params = torch.stack([mean[:, j : j + 1], log_std[:, j : j + 1]], -2)
+        return math.exp(float(head.log_prob(params, torch.tensor([[x]]))))
 
     for j in range(3):
         inside, _ = integrate.quad(density, lo[j], hi[j], args=(j,))
@@ -226,33 +222,14 @@ def test_rpo_shift_moves_only_the_m_steps_likelihood():
 
 def test_gaussian_entropy_matches_torch():
     log_std = torch.randn(10, 4)
-    torch.testing.assert_close(
-        V.gaussian_entropy(log_std), Independent(Normal(torch.zeros(10, 4), log_std.exp()), 1).entropy()
-    )
+    ours = make_agent(2, box([-1.0] * 4, [1.0] * 4)).policy_head.entropy(torch.stack([torch.zeros(10, 4), log_std], -2))
+    torch.testing.assert_close(ours, Independent(Normal(torch.zeros(10, 4), log_std.exp()), 1).entropy())
 
 
 def beta_params(alpha: np.ndarray, beta: np.ndarray) -> torch.Tensor:
     """The logits that BetaPolicy maps to these concentrations (both above 1), stacked as the agent outputs them."""
     logit = lambda c: torch.as_tensor(np.log(np.expm1(np.asarray(c, np.float64) - 1.0)), dtype=torch.float32)  # noqa: E731
     return torch.stack([logit(alpha), logit(beta)], -2)
-
-
-def test_beta_log_prob_entropy_and_mean_action_match_scipy():
-    from scipy import stats
-
-    alpha, beta = np.array([[1.3, 5.0, 2.2]]), np.array([[1.01, 1.7, 9.0]])
-    params = beta_params(alpha, beta)
-    a, b = V.BetaPolicy.concentrations(params)
-    np.testing.assert_allclose(a.numpy(), alpha, rtol=1e-5)
-    np.testing.assert_allclose(b.numpy(), beta, rtol=1e-4)
-    x = torch.tensor([[0.2, 0.9, 1e-6], [0.5, 0.01, 0.999999]])
-    expected = stats.beta.logpdf(x.double().numpy(), a.double().numpy(), b.double().numpy()).sum(-1)
-    np.testing.assert_allclose(V.BetaPolicy.log_prob(params, x).numpy(), expected, rtol=1e-4)
-    entropy = stats.beta.entropy(a.double().numpy(), b.double().numpy()).sum(-1)
-    np.testing.assert_allclose(V.BetaPolicy.entropy(params).numpy(), entropy, rtol=1e-4)
-    low, high = torch.tensor([-1.0, 0.0, -3.0]), torch.tensor([1.0, 2.0, 1.0])
-    mean_x = stats.beta.mean(a.double().numpy(), b.double().numpy())
-    np.testing.assert_allclose(V.BetaPolicy.mean_action(params, low, high).numpy(), low + (high - low) * mean_x, rtol=1e-5)
 
 
 def test_beta_kl_and_its_decoupled_bounds_against_numerical_integration():
@@ -266,31 +243,15 @@ def test_beta_kl_and_its_decoupled_bounds_against_numerical_integration():
         return integrate.quad(lambda x: p.pdf(x) * (p.logpdf(x) - q.logpdf(x)), 0, 1, limit=200)[0]
 
     old_a, old_b, new_a, new_b = np.array([2.0, 1.2]), np.array([3.0, 6.0]), np.array([4.5, 1.1]), np.array([2.5, 8.0])
-    ours = V.beta_kl(*(torch.tensor(v, dtype=torch.float64) for v in (old_a, old_b, new_a, new_b))).numpy()
-    np.testing.assert_allclose(ours, [kl(*args) for args in zip(old_a, old_b, new_a, new_b, strict=True)], rtol=1e-6)
+    head = make_agent(2, box([-1.0, -1.0], [1.0, 1.0]), tiny_args(policy="beta")).policy_head
     m, k, old_m, old_k = new_a / (new_a + new_b), new_a + new_b, old_a / (old_a + old_b), old_a + old_b
-    d_mu, d_sigma = V.BetaPolicy.decoupled_kl(beta_params(new_a, new_b), beta_params(old_a, old_b))
+    d_mu, d_sigma = head.decoupled_kl(beta_params(new_a, new_b), beta_params(old_a, old_b))
     mixed_mu = sum(kl(old_a[j], old_b[j], m[j] * old_k[j], (1 - m[j]) * old_k[j]) for j in range(2))
     mixed_sigma = sum(kl(old_a[j], old_b[j], old_m[j] * k[j], (1 - old_m[j]) * k[j]) for j in range(2))
     assert float(d_mu) == pytest.approx(mixed_mu, rel=1e-3) and float(d_sigma) == pytest.approx(mixed_sigma, rel=1e-3)
     same_mean = beta_params(old_a * 3, old_b * 3)  # only the concentration moved
-    d_mu, d_sigma = V.BetaPolicy.decoupled_kl(same_mean, beta_params(old_a, old_b))
+    d_mu, d_sigma = head.decoupled_kl(same_mean, beta_params(old_a, old_b))
     assert abs(float(d_mu)) < 1e-4 and float(d_sigma) > 0.1
-
-
-def test_beta_samples_lie_inside_the_box_and_a_generator_leaves_the_global_rng_alone():
-    from scipy import stats
-
-    params = beta_params(np.array([[1.5, 3.0]]), np.array([[4.0, 1.2]])).expand(50_000, 2, 2)
-    state = torch.get_rng_state()
-    x = V.BetaPolicy.sample(params, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(torch.get_rng_state(), state)
-    assert torch.equal(x, V.BetaPolicy.sample(params, generator=torch.Generator().manual_seed(0)))
-    assert float(x.min()) >= 1e-6 and float(x.max()) <= 1 - 1e-6
-    for j, (a, b) in enumerate([(1.5, 4.0), (3.0, 1.2)]):
-        assert stats.kstest(x[:, j].numpy(), stats.beta(a, b).cdf).pvalue > 0.01
-    low, high = torch.tensor([-2.0, 0.0]), torch.tensor([2.0, 1.0])
-    np.testing.assert_allclose(V.BetaPolicy.env_action(x[:3], low, high).numpy(), (low + (high - low) * x[:3]).numpy())
 
 
 def diag(mean, log_std):
@@ -301,14 +262,15 @@ def test_decoupled_kls_are_kls_of_the_mixed_gaussians_and_add_up():
     torch.manual_seed(1)
     old_mean, old_log_std = torch.randn(32, 5), torch.randn(32, 5) * 0.3
     mean, log_std = old_mean + 0.3 * torch.randn(32, 5), old_log_std + 0.2 * torch.randn(32, 5)
-    kl_mu, kl_sigma = V.decoupled_kl(mean, log_std, old_mean, old_log_std)
+    head = make_agent(2, box([-1.0] * 5, [1.0] * 5)).policy_head
+    kl_mu, kl_sigma = head.decoupled_kl(torch.stack([mean, log_std], -2), torch.stack([old_mean, old_log_std], -2))
     old = diag(old_mean, old_log_std)
     torch.testing.assert_close(kl_mu, kl_divergence(old, diag(mean, old_log_std)))
     torch.testing.assert_close(kl_sigma, kl_divergence(old, diag(old_mean, log_std)))
     # The decoupled parts add up to the full KL when only one of mean / sigma moves
     # (with both moving, the full KL's mean term is scaled by the new sigma instead of the old).
     for m, s in ((mean, old_log_std), (old_mean, log_std)):
-        a, b = V.decoupled_kl(m, s, old_mean, old_log_std)
+        a, b = head.decoupled_kl(torch.stack([m, s], -2), torch.stack([old_mean, old_log_std], -2))
         torch.testing.assert_close(a + b, kl_divergence(old, diag(m, s)))
 
 
@@ -822,7 +784,8 @@ def probe_actions(run_dir: str, tmp_path) -> np.ndarray:
     """The evaluated action of a trained probe agent at observations -1 and +1."""
     agent, obs_rms = saved_policy(os.path.join(run_dir, "vmpo_continuous_last.pt"), tmp_path)
     with torch.no_grad():
-        return agent.deterministic_action(torch.as_tensor(obs_rms.normalize(np.array([[-1.0], [1.0]])))).numpy()[:, 0]
+        obs = torch.as_tensor(obs_rms.normalize(np.array([[-1.0], [1.0]])))
+        return agent.policy_head.mean_action(agent.policy(obs)).numpy()[:, 0]
 
 
 def probe_5_beta(tmp_path, push: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -831,8 +794,9 @@ def probe_5_beta(tmp_path, push: bool) -> tuple[np.ndarray, np.ndarray]:
     agent, obs_rms = saved_policy(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), tmp_path / f"{push}-loaded")
     obs = torch.as_tensor(obs_rms.normalize(np.array([[-1.0], [1.0]])))
     with torch.no_grad():
-        alpha, beta = V.BetaPolicy.concentrations(agent.policy(obs))
-        actions = agent.deterministic_action(obs)
+        beta = agent.policy_head.distribution(agent.policy(obs))
+        alpha, beta = beta.concentration1, beta.concentration0
+        actions = agent.policy_head.mean_action(agent.policy(obs))
     return actions.numpy()[:, 0], torch.cat([alpha, beta], -1).numpy()
 
 
@@ -876,14 +840,14 @@ def test_probe_is_learned(probe, policy, m_step, rpo_alpha, tmp_path):
 
     def action_fn(o):
         with torch.no_grad():
-            return agent.deterministic_action(normed(o)).numpy()
+            return agent.policy_head.mean_action(agent.policy(normed(o))).numpy()
 
     def policy_return_fn(o):
         # The stochastic policy's expected reward through the env's own reward formula.
         with torch.no_grad():
             params = agent.policy(normed([[o]])).expand(20000, 2, 1)
             u = agent.policy_head.sample(params, generator=torch.Generator().manual_seed(0))
-            a = agent.env_action(u).numpy().reshape(-1)
+            a = agent.policy_head.env_action(u).numpy().reshape(-1)
         best = {4: probe_envs.CONTINUOUS_TARGET, 5: probe_envs.CONTINUOUS_TARGET * o, 6: o}[probe]
         return float(np.mean(1.0 - (np.clip(a, -1, 1) - best) ** 2))
 
