@@ -1,6 +1,7 @@
 """Turn results CSVs (from `run.py`) into a Markdown table and PNG learning curves.
 
     python benchmarks/report.py benchmarks/results/{ppo_discrete,ppo_continuous,vmpo_continuous}.csv --out benchmarks/results/
+    python benchmarks/report.py benchmarks/results/{ppo_discrete,ppo_continuous,vmpo_continuous}.csv --readme-table
 
 Writes `<out>/results.md` (also printed) with one row per algo/tag x env (runs on the seeds that chose nothing,
 `common.FRESH_SEEDS_FROM` and above, in a row of their own, "<tag> (fresh seeds)"): the final
@@ -27,7 +28,10 @@ whether the config qualifies (`RULE_CONTROL_IQM`, `RULE_MUJOCO_FLOOR`).
 
 Last, `<out>/flagship.png` when some script has `defaults` rows on the flagship task (`common.FLAGSHIP_ENV`): those
 configs' curves alone, one line per script and budget (on its fresh seeds where it has them), with RPO's measured final
-evaluations (`common.RPO_FLAGSHIP`) as points, for the README.
+evaluations (`common.RPO_FLAGSHIP`) as points, for the README. `results.md` links every PNG it writes.
+
+`--readme-table` prints the README's results table instead and writes nothing: each script's defaults on the seeds
+`README_ROWS` names, beside the reference implementations' figures (`common.REFERENCE_FINALS`) and the MuJoCo bars.
 """
 
 from __future__ import annotations
@@ -158,13 +162,16 @@ def aggregate_cells(suite_name: str, scores: dict[str, np.ndarray], reps: int) -
 
 def aggregate(groups: dict, out: Path, reps: int = 2000) -> str:
     """The aggregate table (Markdown) and one performance-profile PNG per suite."""
-    lines = [AGGREGATE_HEADER]
+    lines, profiles = [AGGREGATE_HEADER], []
     for suite_name, suite in common.AGGREGATE_SUITES.items():
         scores = normalized_scores(groups, suite)
         if not scores:
             continue
         lines += [" | ".join(cells) + " |" for cells in aggregate_cells(suite_name, scores, reps).values()]
         plot_profile(scores, out / f"profile_{suite_name}.png", f"{suite_name} suite: {', '.join(e for e, _ in suite)}")
+        profiles.append(f"[{suite_name}](profile_{suite_name}.png)")
+    if profiles:
+        lines += ["", f"Performance profiles: {', '.join(profiles)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -195,6 +202,7 @@ def table22(groups: dict, out: Path, reps: int = 2000) -> str:
         at_or_above = int((finals[name].mean(axis=0) >= ppo).sum())
         lines.append(" | ".join([*cells, f"{at_or_above}/{len(suite)} |"]))
     plot_profile(scores, out / "profile_table22.png", "table22: 22 dm_control tasks at 1M", "CleanRL's RPO 8M return")
+    lines += ["", "Performance profile: [table22](profile_table22.png)."]
     return "\n".join(lines) + "\n"
 
 
@@ -240,6 +248,73 @@ def table30(groups: dict, reps: int = 2000) -> str:
         qualifies = control_iqm >= RULE_CONTROL_IQM and per_task[lowest] >= RULE_MUJOCO_FLOOR
         cells += [f"{control_iqm:.3f}", f"{mujoco[lowest][0]} {per_task[lowest]:.2f}", "yes |" if qualifies else "no |"]
         lines.append(" | ".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+# The README's results table (`--readme-table`): one row per task and budget, with the seeds its figures stand on and
+# the scripts in its first columns. Fresh seeds (`common.FRESH_SEEDS_FROM` and above) show mean ± std; the seeds that
+# chose the defaults (the 3M rows of finger/spin and hopper/stand) and ppo_discrete.py's seeds 1-3 show the mean alone,
+# so the two kinds read apart. ppo_discrete.py's runs carry run.py's default tag.
+README_SCRIPTS = ("ppo_continuous", "vmpo_continuous")
+README_TAGS = {"ppo_continuous": "defaults", "vmpo_continuous": "defaults", "ppo_discrete": common.DEFAULT_TAG}
+FRESH_5 = (11, 12, 13, 14, 15)
+FRESH_2 = (11, 12)
+CHOOSING_2 = (1, 2)  # the seeds that chose the defaults
+README_ROWS = [
+    *((env, common.parse_steps(budget), FRESH_5, README_SCRIPTS) for env, budget in common.SUITES["control"].items()),
+    ("dm_control/walker/walk", 3_000_000, FRESH_2, README_SCRIPTS),
+    ("dm_control/finger/spin", 3_000_000, CHOOSING_2, README_SCRIPTS),
+    ("dm_control/hopper/stand", 3_000_000, CHOOSING_2, README_SCRIPTS),
+    *((env, budget, FRESH_2, README_SCRIPTS) for env, budget in common.MUJOCO_BARS),
+    ("CartPole-v1", 100_000, (1, 2, 3), ("ppo_discrete",)),  # in the first column, its script named in the task's cell
+]
+README_HEADER = "| task | budget | `ppo_continuous.py` | `vmpo_continuous.py` | widely used PPO | RPO |\n" + "|---" * 6 + "|"
+
+
+def fmt_budget(steps: int) -> str:
+    return f"{steps // 1_000_000}M" if steps % 1_000_000 == 0 else f"{steps // 1000}k"
+
+
+def fmt_figure(value: float, decimals: int, best: float) -> str:
+    """`1,869.7`, in bold when it is the row's best."""
+    text = f"{value:,.{decimals}f}"
+    return f"**{text}**" if value == best else text
+
+
+def readme_table(groups: dict) -> str:
+    """The README's results table (Markdown) from the runs: the scripts' defaults on the seeds of `README_ROWS`, beside
+    the reference implementations' measured figures (`common.REFERENCE_FINALS`, with their seed counts) or, in italics,
+    the MuJoCo bars (`common.MUJOCO_BARS`). Bold: the highest mean of the row. Two decimals in a row whose figures are
+    all under 10 in size, else one; a reference figure measured in whole numbers stays whole."""
+    lines = [README_HEADER]
+    for env, budget, seeds, scripts in README_ROWS:
+        fresh = min(seeds) >= common.FRESH_SEEDS_FROM
+        ours = []  # per script column: the final evaluations of the row's seeds that ran (None when none did)
+        for algo in scripts:
+            runs = groups.get((env, algo, README_TAGS[algo] + (FRESH if fresh else ""), budget), {})
+            finals = [runs[s][-1]["eval_return"] for s in seeds if s in runs]
+            ours.append(np.array(finals) if finals else None)
+        ours += [None] * (len(README_SCRIPTS) - len(scripts))
+        refs = {name: measured.get((env, budget)) for name, measured in common.REFERENCE_FINALS.items()}
+        bar = common.MUJOCO_BARS.get((env, budget))
+        figures = [x.mean() for x in ours if x is not None]
+        figures += [common.reference_mean(f) for f in refs.values() if f] + ([bar] if bar is not None else [])
+        best = max(figures, default=None)
+        decimals = 2 if all(abs(f) < 10 for f in figures) else 1
+        cells = [env if scripts == README_SCRIPTS else f"{env} ({', '.join(f'`{a}.py`' for a in scripts)})"]
+        cells.append(fmt_budget(budget))
+        for x in ours:
+            spread = f" ± {x.std():,.{decimals}f}" if x is not None and fresh else ""
+            cells.append("" if x is None else f"{fmt_figure(x.mean(), decimals, best)}{spread} ({x.size})")
+        for name, finals in refs.items():
+            if finals:
+                whole = all(isinstance(v, int) for v in finals)
+                cells.append(f"{fmt_figure(common.reference_mean(finals), 0 if whole else 1, best)} ({len(finals)})")
+            elif bar is not None and name == "widely used PPO":  # the MuJoCo bars are that PPO's published figures
+                cells.append(f"*{fmt_figure(bar, decimals, best)}*")
+            else:
+                cells.append("")
+        lines.append("|" + "|".join(f" {c} " if c else " " for c in cells) + "|")
     return "\n".join(lines) + "\n"
 
 
@@ -353,27 +428,38 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csv", nargs="+", type=Path, help="results CSVs written by run.py")
     p.add_argument("--out", type=Path, help="folder for results.md and the PNGs (default: the first CSV's folder)")
+    p.add_argument(
+        "--readme-table", action="store_true", help="print the README's results table (README_ROWS) and write nothing"
+    )
     args = p.parse_args()
     rows = common.read_results(args.csv)
     if not rows:
         raise common.BenchmarkError(f"no result rows in {[str(c) for c in args.csv]}")
+    groups = group_runs(rows)
+    if args.readme_table:
+        print(readme_table(groups), end="")
+        return 0
     out = args.out or args.csv[0].parent
     out.mkdir(parents=True, exist_ok=True)
-    groups = group_runs(rows)
+    envs = sorted({k[0] for k in groups})
     md = table(groups)
+    md += "\nLearning curves: " + ", ".join(f"[{env}](curves/curves_{common.slug(env)}.png)" for env in envs) + ".\n"
     summary = aggregate(groups, out)
     if summary.count("\n") > 2:
         md += "\n" + summary
     md += "\n" + table22(groups, out)
     md += "\n" + table30(groups)
+    flagship = flagship_groups(groups)
+    if flagship:
+        md += "\nThe README's picture, walker/walk under each script's defaults beside RPO: [flagship](flagship.png).\n"
     (out / "results.md").write_text(md)
     print(md, end="")
     (out / "curves").mkdir(exist_ok=True)
-    for env in sorted({k[0] for k in groups}):
+    for env in envs:
         path = out / "curves" / f"curves_{common.slug(env)}.png"
         plot_env(env, {k: v for k, v in groups.items() if k[0] == env}, path)
         print(f"wrote {path}")
-    if flagship := flagship_groups(groups):
+    if flagship:
         plot_flagship(flagship, out / "flagship.png")
         print(f"wrote {out / 'flagship.png'}")
     print(f"wrote {out / 'results.md'}")

@@ -13,8 +13,9 @@ In ONE process: imports the script by path, builds its `Args` from the arguments
      (`--eval-interval 0`), its `train_sps` (rollout + update time, evaluation excluded);
   3. random-action SPS again, so drift on a shared machine shows up and averages out;
 and prints both figures and their ratio training / random (the mean of 1 and 3).
-`--csv` / `--md` append the result; `--profile FILE` writes the cProfile top entries of
-`train` (profiling slows training, so its SPS figure is then lower than normal).
+`--csv` / `--md` append the result (`--md`: a row of the file's last table, with a header first when the file is new
+or ends in prose); `--profile FILE` writes the cProfile top entries of `train` (profiling slows training, so its SPS
+figure is then lower than normal).
 """
 
 from __future__ import annotations
@@ -118,15 +119,25 @@ def measure(module, args, steps: int, random_steps: int, profile: Path | None) -
 
 
 def append_markdown(path: Path, row: dict) -> None:
+    """Append the result as a row of the file's last table. A new file, or one whose last line is not a table row (a
+    page of prose), gets the table's header first, so a row never lands under text."""
     line = (
         f"| {row['algo']} | {row['tag']} | {row['env']} | {row['num_envs']} | {row['steps']:,} | "
         f"{row['train_sps']:.0f} | {row['random_sps']:.0f} ({row['random_sps_before']:.0f} / "
         f"{row['random_sps_after']:.0f}) | {row['ratio']:.3f} | {row['device']} | {row['date']} |\n"
     )
     with common.locked(path):
-        new = not path.exists() or path.stat().st_size == 0
+        text = path.read_text() if path.exists() else ""
+        last = text.rstrip("\n").rsplit("\n", 1)[-1]
+        newline = "\n" if text and not text.endswith("\n") else ""
+        if not text.strip():
+            line = MD_HEADER + line
+        elif not last.startswith("|"):
+            line = newline + "\n" + MD_HEADER + line
+        else:
+            line = newline + line
         with open(path, "a") as f:
-            f.write((MD_HEADER if new else "") + line)
+            f.write(line)
 
 
 def main() -> int:
@@ -147,7 +158,7 @@ def main() -> int:
     )
     p.add_argument("--tag", help="config label (default: the args after --, or 'default')")
     p.add_argument("--csv", type=Path, help="append the result to this CSV")
-    p.add_argument("--md", type=Path, help="append the result as a row of this Markdown table")
+    p.add_argument("--md", type=Path, help="append the result as a row of this Markdown file's last table")
     p.add_argument(
         "--profile",
         type=Path,

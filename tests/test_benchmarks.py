@@ -591,3 +591,90 @@ def test_report_scores_the_mujoco_suite_from_the_random_return_to_the_bar(tmp_pa
         (row,) = [line for line in md.splitlines() if line.startswith(f"| {suite} |")]
         cells = row.strip("| ").split(" | ")
         assert cells[3:5] == ["2", str(len(scores))] and float(cells[6]) == pytest.approx(np.mean(scores), abs=1e-3)
+
+
+RESULTS = [BENCH / "results" / f"{algo}.csv" for algo in ("ppo_discrete", "ppo_continuous", "vmpo_continuous")]
+
+
+def readme_results_table() -> str:
+    """The table under README.md's "## Results": its header line and every table line after it."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| task | budget |"))
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    return "\n".join(lines[start:end]) + "\n"
+
+
+def test_the_readmes_results_table_is_report_pys(common):
+    """README.md's table is what `report.py --readme-table` prints from the committed CSVs, and each script's cell holds
+    the mean (and for fresh seeds the population std) of the final evaluations of its runs, computed here from the raw
+    rows: the last step of each run."""
+    proc = bench("report.py", *RESULTS, "--readme-table")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert readme_results_table() == proc.stdout, (
+        "README.md's results table differs from `python benchmarks/report.py "
+        "benchmarks/results/{ppo_discrete,ppo_continuous,vmpo_continuous}.csv --readme-table`: paste its output"
+    )
+    import report  # on the path with common
+
+    finals = {}  # (algo, tag, env, budget, seed) -> (step, eval return) of the run's last row
+    for path in RESULTS:
+        for r in read_csv(path):
+            key = (r["algo"], r["tag"], r["env"], int(r["budget"]), int(r["seed"]))
+            finals[key] = max(finals.get(key, (-1, 0.0)), (int(r["step"]), float(r["eval_return"])))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()[2:]]
+    assert len(rows) == len(report.README_ROWS)
+    for cells, (env, budget, seeds, scripts) in zip(rows, report.README_ROWS, strict=True):
+        assert cells[0].startswith(env) and cells[1] == report.fmt_budget(budget)
+        for cell, algo in zip(cells[2:4], scripts, strict=False):
+            values = [finals[(algo, report.README_TAGS[algo], env, budget, s)][1] for s in seeds]
+            decimals = len(re.match(r"\**-?[\d,]+\.(\d+)", cell).group(1))  # the row's precision
+            mean = f"{statistics.fmean(values):,.{decimals}f}"
+            spread = f" ± {statistics.pstdev(values):,.{decimals}f}" if seeds[0] >= common.FRESH_SEEDS_FROM else ""
+            assert cell.replace("**", "") == f"{mean}{spread} ({len(values)})", (env, budget, algo)
+
+
+def test_the_reproduce_block_selects_the_runs_the_readme_table_reads(common):
+    """benchmarks/README.md's "Reproduce the README" commands, each with `--dry-run`, plan exactly the runs (script, tag,
+    env, seed, budget) of `report.README_ROWS`, and its last command is the table's."""
+    import report  # on the path with common
+
+    text = (BENCH / "README.md").read_text().split("## Reproduce the README\n", 1)[1]
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    commands = [line.split() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    table = "python benchmarks/report.py benchmarks/results/{ppo_discrete,ppo_continuous,vmpo_continuous}.csv --readme-table"
+    assert commands[-1] == table.split()
+    planned = set()
+    for command in commands[:-1]:
+        assert command[:2] == ["python", "benchmarks/run.py"], command
+        proc = bench("run.py", *command[2:], "--dry-run", cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        runs = re.findall(r"^(?:todo|done)  (\S+) \[(.*)\] (\S+) seed (\d+) \((\d+) steps\)", proc.stdout, re.M)
+        assert runs and not planned & set(runs), command  # every command plans runs, and no run twice
+        planned |= set(runs)
+    expected = {
+        (algo, report.README_TAGS[algo], env, str(seed), str(budget))
+        for env, budget, seeds, scripts in report.README_ROWS
+        for algo in scripts
+        for seed in seeds
+    }
+    assert planned == expected
+
+
+def test_throughput_appends_its_row_to_the_pages_last_table(tmp_path, common):
+    """`--md` adds a row to the file's last table; a new file, or one that ends in prose, gets the header first.
+    benchmarks/results/throughput.md keeps its table last, so the tool's rows land in it."""
+    import throughput  # on the path with common
+
+    row = {"algo": "ppo_discrete", "tag": "t", "env": "CartPole-v1", "num_envs": 4, "steps": 2048, "train_sps": 10.0}
+    row |= {"random_sps": 20.0, "random_sps_before": 19.0, "random_sps_after": 21.0, "ratio": 0.5}
+    row |= {"device": "cpu", "date": "2026-01-01 00:00"}
+    line = "| ppo_discrete | t | CartPole-v1 | 4 | 2,048 | 10 | 20 (19 / 21) | 0.500 | cpu | 2026-01-01 00:00 |\n"
+    new, table_last, prose_last = tmp_path / "new.md", tmp_path / "table.md", tmp_path / "prose.md"
+    table_last.write_text("# Throughput\n\nFigures.\n\n" + throughput.MD_HEADER + line)
+    prose_last.write_text("# Throughput\n\n" + throughput.MD_HEADER + line + "\n## Notes\n\nProse, no newline")
+    for path in (new, table_last, prose_last):
+        throughput.append_markdown(path, row)
+    assert new.read_text() == throughput.MD_HEADER + line
+    assert table_last.read_text() == "# Throughput\n\nFigures.\n\n" + throughput.MD_HEADER + line + line
+    assert prose_last.read_text().endswith("Prose, no newline\n\n" + throughput.MD_HEADER + line)
+    assert (BENCH / "results" / "throughput.md").read_text().splitlines()[-1].startswith("| ")
