@@ -1,15 +1,11 @@
 """PPO for continuous actions: a diagonal Gaussian (or Beta) policy trained with the clipped surrogate and GAE.
 
-PPO (Schulman et al., 2017, https://arxiv.org/abs/1707.06347) with GAE (Schulman et al., 2016, arXiv:1506.02438):
-the Gaussian's mean is an MLP, its log std a free parameter, the value a separate MLP; actions are clipped only where
-they enter the env; a truncated episode (every dm_control episode) bootstraps from its final observation's value.
-By default the update evaluates the policy at a randomly shifted mean (the Beta: shifted logits), as RPO does (Rahman
-& Xue, 2022, "Robust Policy Optimization in Deep Reinforcement Learning", https://arxiv.org/abs/2212.07536);
-`--rpo-alpha 0` is plain PPO.
-That Gaussian is `--policy auto` on the control suite, whose rewards pay for full force; on any other env it trains a
-Beta on the action box (Chou et al., 2017, "Improving Stochastic Policy Gradients in Continuous Control with Deep
-Reinforcement Learning using the Beta Distribution"): the MLP outputs its two logits, and its calm actions keep
-gymnasium's Ant up where the Gaussian's bang-bang ones make it fall.
+PPO (Schulman et al., 2017, https://arxiv.org/abs/1707.06347) with GAE (Schulman et al., 2016, arXiv:1506.02438): the
+Gaussian's mean is an MLP, its log std a free parameter, the value a separate MLP; actions are clipped only where they enter
+the env; a truncated episode bootstraps from its final observation's value. The update evaluates the policy at a randomly
+shifted mean (the Beta: logits), as RPO does (Rahman & Xue, 2022, arXiv:2212.07536); `--rpo-alpha 0` is plain PPO.
+`--policy auto` trains that Gaussian on the control suite and elsewhere a Beta on the action box (Chou et al., 2017,
+"Improving Stochastic Policy Gradients in Continuous Control with Deep Reinforcement Learning using the Beta Distribution").
 
     python ppo_continuous.py --env-id dm_control/walker/walk
     python ppo_continuous.py --env-id dm_control/cartpole/swingup --total-timesteps 500000 --track
@@ -33,7 +29,6 @@ import sys
 import time
 import warnings
 from collections import deque
-from dataclasses import dataclass
 from typing import Literal
 
 import gymnasium as gym
@@ -47,7 +42,7 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 # Arguments
 # ---------------------------------------------------------------------------------------
-@dataclass
+@dataclasses.dataclass
 class Args:
     """PPO with RPO's perturbation for continuous actions (a Gaussian the env clips, or a Beta on the box), in one file."""
 
@@ -108,13 +103,10 @@ class Args:
     target_kl: float | None = None
     """end the update after an epoch whose mean approximate KL exceeds this (e.g. 0.02 where updates overshoot)"""
     policy: Literal["auto", "gaussian", "beta"] = "auto"
-    """the policy family. auto: gaussian on dm_control/... tasks, beta on any other env.
-    gaussian: the env clips its samples (it acts bang-bang, which the control suite rewards).
-    beta: a Beta on the action box (calm, where rewards charge for torque)"""
+    """the policy family. auto: gaussian on dm_control/... tasks, beta on any other env; gaussian: the env clips its samples"""
     rpo_alpha: float | None = None
     """RPO: the update shifts the policy's outputs (the Gaussian's mean, the Beta's logits) by Uniform(-alpha, alpha)
-    noise, holding the Gaussian's spread up (the Beta's only while it is wide: a logit's shift moves a concentration by
-    at most alpha); None: the family's, gaussian 0.5, beta 0.2; 0: plain PPO"""
+    noise, holding the policy's spread up; None: the family's, gaussian 0.5, beta 0.2; 0: plain PPO"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer sizes of the policy-mean MLP"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
@@ -169,8 +161,6 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int = 0, out_std: f
 
 
 class Agent(nn.Module):
-    """Separate policy and value MLPs, orthogonal init; the policy MLP's features go to the family's head."""
-
     def __init__(
         self, obs_dim: int, action_space, policy: str, policy_hidden_sizes: tuple, value_hidden_sizes: tuple, init_log_std=0.0
     ):
@@ -189,10 +179,7 @@ class Agent(nn.Module):
 
 
 class BoxPolicy(nn.Module):
-    """What every family shares: a linear head from the policy MLP's features to the family's `params`, near zero so the
-    policy starts the same in every state (Andrychowicz et al., 2021), and the env's action box, buffers on the family's
-    device (the env gives them, so checkpoints hold none). An infinite bound stands at +-UNBOUNDED, which no sample
-    reaches, so each formula on the box stays finite."""
+    """What every family shares: a linear head near zero (Andrychowicz et al., 2021) and the env's action box, as buffers."""
 
     def __init__(self, features: int, outputs: int, action_space: gym.spaces.Box):
         super().__init__()
@@ -208,8 +195,7 @@ class BoxPolicy(nn.Module):
 
 
 class GaussianPolicy(BoxPolicy):
-    """--policy gaussian, RPO's: u ~ N(mu_theta(s), diag(sigma^2)) with a state-independent log-std; the env plays clip(u),
-    so a mean past a bound plays the bound exactly. `params`: the mean (the log-std is the family's own parameter)."""
+    """--policy gaussian, RPO's: u ~ N(mu_theta(s), diag(sigma^2)), sigma a parameter; the env plays clip(u). `params`: mu."""
 
     def __init__(self, features: int, action_space: gym.spaces.Box, init_log_std: float):
         super().__init__(features, action_space.shape[0], action_space)
@@ -219,7 +205,6 @@ class GaussianPolicy(BoxPolicy):
         return nn.functional.linear(h, self.weight, self.bias)
 
     def act(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The rollout's sample and its log-probability in numpy, where the rollout's network runs (a CPU copy)."""
         log_std = self.log_std.detach().numpy()
         noise = np.random.standard_normal(params.shape).astype(np.float32)
         # LaTeX: u_t = \mu_\theta(s_t) + \sigma \odot \xi_t, \quad \xi_t \sim \mathcal{N}(0, I)
@@ -233,14 +218,12 @@ class GaussianPolicy(BoxPolicy):
         return params + self.log_std.exp() * torch.randn(params.shape, generator=generator, device=params.device)
 
     def log_prob(self, params: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        log_std = self.log_std
         # LaTeX: \log \pi_\theta(u \mid s) = -\sum_j (\frac{(u_j - \mu_j)^2}{2 \sigma_j^2} + \log \sigma_j) - \frac{d}{2} \log 2\pi
-        return -(((u - params) * torch.exp(-log_std)).pow(2).mul(0.5) + log_std + 0.5 * math.log(2.0 * math.pi)).sum(-1)
+        return -(((u - params) * torch.exp(-self.log_std)).pow(2) * 0.5 + self.log_std + 0.5 * math.log(2 * math.pi)).sum(-1)
 
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
-        """The same in every state, as the std is."""
         # LaTeX: \mathcal{H}[\pi_\theta(\cdot \mid s)] = \sum_j \left(\log \sigma_j + \frac{1}{2} \log (2 \pi e)\right)
-        return (self.log_std + 0.5 * (math.log(2.0 * math.pi) + 1.0)).sum(-1).expand(params.shape[:-1])
+        return (self.log_std + 0.5 * (math.log(2.0 * math.pi) + 1.0)).sum(-1).expand(params.shape[:-1])  # in every state
 
     def mean_action(self, params: torch.Tensor) -> torch.Tensor:
         return self.env_action(params)  # the mean, clipped
@@ -254,9 +237,7 @@ class GaussianPolicy(BoxPolicy):
 
 
 class BetaPolicy(BoxPolicy):
-    """--policy beta: u ~ Beta(alpha_theta(s), beta_theta(s)) per dimension and the env plays low + (high - low) u. With
-    alpha, beta > 1 it is unimodal, never U-shaped: full force is a choice the fit makes, not where a wide start puts the
-    actions. `params`: the two logits. The likelihood is u's (the box's scale cancels in the ratio)."""
+    """--policy beta: u ~ Beta(alpha, beta), alpha, beta > 1 (never U-shaped); the env plays low + (high - low) u."""
 
     def __init__(self, features: int, action_space: gym.spaces.Box, init_log_std: None):
         super().__init__(features, 2 * action_space.shape[0], action_space)  # logits near 0: Beta(1.69, 1.69)
@@ -271,7 +252,6 @@ class BetaPolicy(BoxPolicy):
         return torch.distributions.Beta(1.0 + nn.functional.softplus(alpha_logit), 1.0 + nn.functional.softplus(beta_logit))
 
     def act(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The rollout's sample and its log-probability, drawn in numpy, where the rollout's network runs (a CPU copy)."""
         params = params.reshape(*params.shape[:-1], 2, -1)
         alpha, beta = np.moveaxis(1.0 + np.logaddexp(0.0, params), -2, 0)  # distribution()'s, in numpy
         # LaTeX: u_t \sim \mathrm{Beta}(\alpha_\theta(s_t), \beta_\theta(s_t)), \ u_t \in [10^{-6}, 1 - 10^{-6}]
@@ -288,7 +268,7 @@ class BetaPolicy(BoxPolicy):
     def log_prob(self, params: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         # LaTeX: \log \pi_\theta(u \mid s) = \sum_j (\alpha_j - 1) \log u_j + (\beta_j - 1) \log(1 - u_j) - \log B(\alpha_j, \beta_j)
         # LaTeX: \log B(\alpha, \beta) = \log\Gamma(\alpha) + \log\Gamma(\beta) - \log\Gamma(\alpha + \beta)
-        return self.distribution(params).log_prob(u).sum(-1)
+        return self.distribution(params).log_prob(u).sum(-1)  # u's: the box's scale cancels in the ratio
 
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
         # LaTeX: \mathcal{H} = \sum_j \log B(\alpha_j, \beta_j) - (\alpha_j - 1)\psi(\alpha_j) - (\beta_j - 1)\psi(\beta_j) + (\alpha_j + \beta_j - 2)\psi(\alpha_j + \beta_j)
@@ -316,8 +296,7 @@ UNBOUNDED = 1e6  # where an infinite bound of the action box stands
 # Normalization
 # ---------------------------------------------------------------------------------------
 class RunningMeanStd:
-    """Running mean and variance (float64) of a stream of batches (Chan et al.'s parallel update), shared by all training
-    envs. Disabled (--no-norm-obs), it keeps its initial statistics and `normalize` only casts to float32."""
+    """Running mean and variance (float64) of batches (Chan et al.'s parallel update); disabled, `normalize` only casts."""
 
     def __init__(self, shape: tuple[int, ...] = (), enabled: bool = True):
         self.mean, self.var, self.count, self.enabled = np.zeros(shape), np.ones(shape), 1e-4, enabled
@@ -339,8 +318,7 @@ class RunningMeanStd:
         return np.clip((x - self.mean) / np.sqrt(self.var + 1e-8), -10.0, 10.0).astype(np.float32)
 
     def state_dict(self) -> dict:
-        as_tensor = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-        return {"mean": as_tensor(self.mean), "var": as_tensor(self.var), "count": float(self.count)}
+        return {"mean": torch.tensor(self.mean), "var": torch.tensor(self.var), "count": float(self.count)}  # float64
 
     def load_state_dict(self, state: dict) -> None:
         self.mean, self.var, self.count = state["mean"].numpy().copy(), state["var"].numpy().copy(), float(state["count"])
@@ -365,11 +343,9 @@ class RewardScaler:
 # ---------------------------------------------------------------------------------------
 # Rollout
 # ---------------------------------------------------------------------------------------
-@dataclass
+@dataclasses.dataclass
 class Rollout:
-    """One rollout as (num_steps, num_envs, ...) float32 arrays (the env speaks numpy). The envs reset on the step after
-    an episode ends (NEXT_STEP autoreset, as EnvPool does): that reset step holds the real final observation, so row t+1
-    is always s_{t+1}, and its action is ignored. It is marked in `resets` and never trained on."""
+    """(num_steps, num_envs, ...) float32 arrays; NEXT_STEP autoreset: row t+1 is s_{t+1}, the final observation too."""
 
     obs: np.ndarray
     actions: np.ndarray  # as sampled, before the env's mapping (the Gaussian's clip, the Beta's scaling to the box)
@@ -379,24 +355,13 @@ class Rollout:
     next_values: np.ndarray  # V(s_{t+1}): the next row's value, the real final observation's where an episode ended
     terminated: np.ndarray
     truncated: np.ndarray
-    resets: np.ndarray  # 1 on reset steps, else 0
+    resets: np.ndarray  # 1 on a reset step, the one after an episode end: its action is ignored, it is never trained on
 
     @classmethod
     def empty(cls, num_steps: int, envs: gym.vector.VectorEnv) -> Rollout:
-        def zeros(*shape: int) -> np.ndarray:
-            return np.zeros((num_steps, envs.num_envs, *shape), np.float32)
-
-        return cls(
-            obs=zeros(*envs.single_observation_space.shape),
-            actions=zeros(*envs.single_action_space.shape),
-            logprobs=zeros(),
-            rewards=zeros(),
-            values=zeros(),
-            next_values=zeros(),
-            terminated=zeros(),
-            truncated=zeros(),
-            resets=zeros(),
-        )
+        zeros = lambda *shape: np.zeros((num_steps, envs.num_envs, *shape), np.float32)  # noqa: E731
+        per_step = {k: zeros() for k in ("logprobs", "rewards", "values", "next_values", "terminated", "truncated", "resets")}
+        return cls(obs=zeros(*envs.single_observation_space.shape), actions=zeros(*envs.single_action_space.shape), **per_step)
 
 
 class RolloutPolicy:
@@ -418,31 +383,26 @@ class RolloutPolicy:
     def value(self, obs: np.ndarray) -> np.ndarray:
         return self.mlp(self.critic, obs)[:, 0]
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The sample u (before the env's mapping), its log-prob and V(s) for a (N, obs_dim) float32 batch."""
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The sample u, its log-prob, V(s) and the action the env plays, for a (N, obs_dim) float32 batch."""
         u, logprob = self.head.act(self.mlp(self.actor, obs))
-        return u, logprob, self.value(obs)
+        return u, logprob, self.value(obs), self.head.env_action(torch.from_numpy(u)).numpy()
 
 
 def collect_rollout(policy: RolloutPolicy, envs, obs: np.ndarray, obs_rms, scale_reward, rollout: Rollout) -> tuple:
-    """Fill `rollout`, updating `obs_rms`; return the next observation and the finished episodes (env steps into the
-    rollout, return, length)."""
+    """Fill `rollout`, updating `obs_rms`; return the next observation and the finished episodes (step, return, length)."""
     episodes = []
-    # Row 0 follows the previous rollout's last row (all zeros before the first rollout).
-    prev_done = rollout.terminated[-1] + rollout.truncated[-1] > 0
+    done = rollout.terminated[-1] + rollout.truncated[-1] > 0  # the previous rollout's last step (zeros before the first)
     for t in range(len(rollout.obs)):
-        rollout.obs[t], rollout.resets[t] = obs, prev_done  # after an episode end: a reset step
-        u, rollout.logprobs[t], rollout.values[t] = policy.act(obs)
-        rollout.actions[t] = u
-        raw_obs, reward, terminated, truncated, infos = envs.step(policy.head.env_action(torch.from_numpy(u)).numpy())
+        rollout.obs[t], rollout.resets[t] = obs, done  # after an episode end: a reset step
+        rollout.actions[t], rollout.logprobs[t], rollout.values[t], env_action = policy.act(obs)
+        raw_obs, reward, terminated, truncated, infos = envs.step(env_action)
         obs_rms.update(raw_obs)
         obs = obs_rms.normalize(raw_obs)
         done = terminated | truncated
         rollout.rewards[t], rollout.terminated[t], rollout.truncated[t] = scale_reward(reward, done), terminated, truncated
-        prev_done = done
         for i in np.flatnonzero(infos.get("_episode", [])):  # the statistics of the episodes that ended at this step
             episodes.append(((t + 1) * envs.num_envs, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
-    # Row t+1 holds s_{t+1}, the real final observation where an episode ended at t: its value bootstraps a truncation.
     rollout.next_values[:] = np.concatenate([rollout.values[1:], policy.value(obs)[None]])
     return obs, episodes
 
@@ -451,9 +411,8 @@ def collect_rollout(policy: RolloutPolicy, envs, obs: np.ndarray, obs_rms, scale
 # Advantages
 # ---------------------------------------------------------------------------------------
 def compute_gae(rewards, values, next_values, terminated, truncated, gamma: float, gae_lambda: float) -> tuple:
-    """GAE over (T, N) tensors; `next_values[t]` is V of the real successor of step t: the final observation
-    where an episode ended (so truncation bootstraps from it). A terminated successor is worth 0, and no
-    advantage flows across an episode end."""
+    """GAE over (T, N) tensors; `next_values[t]` is V of step t's real successor, the final observation where an episode
+    ended (so truncation bootstraps from it). A terminated successor is worth 0; no advantage crosses an episode end."""
     not_done = 1.0 - torch.maximum(terminated, truncated)
     # LaTeX: \delta_t = r_t + \gamma (1 - \mathrm{terminated}_t) V(s_{t+1}) - V(s_t)
     deltas = rewards + gamma * (1.0 - terminated) * next_values - values
@@ -473,7 +432,6 @@ def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
-    """1 - Var[R - V] / Var[R] with population variances; NaN where the returns do not vary."""
     var_returns = returns.var(unbiased=False)
     # LaTeX: \mathrm{EV} = 1 - \frac{\operatorname{Var}[\hat{R}_t - V(s_t)]}{\operatorname{Var}[\hat{R}_t]}
     return float("nan") if var_returns == 0 else float(1.0 - (returns - values).var(unbiased=False) / var_returns)
@@ -507,8 +465,7 @@ def approx_kl(logratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def rpo_perturbation(mean: torch.Tensor, alpha: float) -> torch.Tensor:
-    """RPO's shifted mean (the Gaussian's mean, or each of the Beta's two logits): fresh noise per sample and action
-    dimension, every time the update evaluates the policy. The rollout's log-probabilities are not shifted."""
+    """RPO's shifted mean: fresh noise per sample and dimension each time the update (not the rollout) evaluates the policy."""
     if alpha == 0.0:
         return mean
     # LaTeX: \tilde{\mu}_\theta(s_t) = \mu_\theta(s_t) + z_t, \quad z_t \sim \mathcal{U}(-\alpha, \alpha)^d
@@ -516,8 +473,7 @@ def rpo_perturbation(mean: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def make_optimizer(agent: Agent, args: Args) -> torch.optim.Optimizer:
-    # The fused kernel runs all parameter updates in one call: cheap for small minibatches on CPU.
-    return torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    return torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # fused: one call for all
 
 
 def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], args: Args) -> dict:
@@ -565,10 +521,8 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
 # ---------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------
-@dataclass
+@dataclasses.dataclass
 class Run:
-    """What `set_up` builds and the training loop uses."""
-
     args: Args
     device: torch.device
     run_dir: str
@@ -589,25 +543,13 @@ class Run:
         return os.path.join(self.run_dir, f"{SCRIPT}_{kind}.pt")
 
     def close(self) -> None:
-        if self.envs is not None:
-            self.envs.close()
-        self.eval_envs.close()
-        self.writer.close()
+        for resource in (self.envs, self.eval_envs, self.writer):
+            if resource is not None:  # no training envs with --eval-only
+                resource.close()
         if self.args.track:
             import wandb
 
             wandb.finish()
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Torch on one CPU thread inside the block: results that do not depend on the machine's core count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def set_up(args: Args) -> Run:
@@ -630,7 +572,6 @@ def set_up(args: Args) -> Run:
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
-
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -645,14 +586,14 @@ def set_up(args: Args) -> Run:
     writer = SummaryWriter(run_dir)
     table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, render_first=args.capture_video)
     threads = args.torch_threads or torch.get_num_threads()  # the update's and EnvPool's
     envs = None if args.eval_only else make_training_envs(args, args.seed, threads)
     obs_dim = eval_envs.single_observation_space.shape[0]
-    with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
-        network = (args.policy, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std)
-        agent = Agent(obs_dim, eval_envs.single_action_space, *network).to(device)
+    torch.set_num_threads(1)  # the orthogonal init's QR sums in an order that depends on the thread count
+    network = (args.policy, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std)
+    agent = Agent(obs_dim, eval_envs.single_action_space, *network).to(device)
+    torch.set_num_threads(threads)  # the update's
     obs_rms = RunningMeanStd((obs_dim,), args.norm_obs)
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
     run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), scaler, obs_rms, threads)
@@ -672,15 +613,12 @@ def train(args: Args) -> dict:
     run = set_up(args)
     start_time = time.time()
     if args.eval_only:  # evaluate the checkpoint's policy once, log it, print one line
-        try:
+        with contextlib.closing(run):
             eval_returns = evaluate(run, "eval-only" if args.capture_video else None)
-        finally:
-            run.close()
         mean, std = float(eval_returns.mean()), float(eval_returns.std())
         print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
-        summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0}
-        final = {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
-        return summary | final | {"wall_time": time.time() - start_time}
+        summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=0.0, wall_time=time.time() - start_time)
+        return summary | dict(final_eval_return=mean, final_eval_std=std, best_eval_return=mean)
     args, agent, optimizer, writer = run.args, run.agent, run.optimizer, run.writer
     batch_size = args.num_envs * args.num_steps
     # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
@@ -689,13 +627,12 @@ def train(args: Args) -> dict:
     raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
     run.obs_rms.update(raw_obs)
     obs = run.obs_rms.normalize(raw_obs)
-    final_step = num_iterations * batch_size
+    end_step = num_iterations * batch_size
     if run.iteration > 0:
-        print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; ", end="")
-        print(f"training to step {final_step}")
-    elif final_step != args.total_timesteps:
+        print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; training to step {end_step}")
+    elif end_step != args.total_timesteps:
         rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
-        print(f"training to step {final_step}: {rounded}")
+        print(f"training to step {end_step}: {rounded}")
     recent_returns = deque(maxlen=20)
     train_time, trained_steps = 0.0, 0
     # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
@@ -706,15 +643,12 @@ def train(args: Args) -> dict:
             if args.anneal_lr:
                 # LaTeX: \alpha_u = \alpha_0 \left(1 - \frac{u - 1}{U}\right)
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
-
             # ---- collect a rollout with the current policy
-            policy = RolloutPolicy(agent)  # a numpy snapshot of the weights after the last update
-            obs, episodes = collect_rollout(policy, run.envs, obs, run.obs_rms, run.reward_scaler, rollout)
+            obs, episodes = collect_rollout(RolloutPolicy(agent), run.envs, obs, run.obs_rms, run.reward_scaler, rollout)
             for offset, episode_return, episode_length in episodes:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
                 writer.add_scalar("charts/episodic_length", episode_length, run.global_step + offset)
-
             # ---- advantages and value targets
             data = {k: torch.as_tensor(v, device=run.device) for k, v in vars(rollout).items()}
             gae_inputs = [data[k] for k in ("rewards", "values", "next_values", "terminated", "truncated")]
@@ -722,18 +656,12 @@ def train(args: Args) -> dict:
             trained = data["resets"].flatten() == 0  # a reset step's action was ignored by the env: not a transition
             batch = {k: data[k].flatten(0, 1)[trained] for k in ("obs", "actions", "logprobs", "values")}
             batch.update(advantages=advantages.flatten()[trained], returns=returns.flatten()[trained])
-
             # ---- update
             torch.set_num_threads(run.threads)
-            try:
-                stats = ppo_update(agent, optimizer, batch, args)
-            except TrainingDiverged as e:
-                kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
-                raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
+            stats = ppo_update(agent, optimizer, batch, args)
             run.iteration, run.global_step = iteration, run.global_step + batch_size
             save_checkpoint(run, "last")
             train_time, trained_steps = train_time + time.time() - tick, trained_steps + batch_size
-
             # ---- log
             sps = trained_steps / train_time
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], run.global_step)
@@ -741,10 +669,8 @@ def train(args: Args) -> dict:
             stats["explained_variance"] = explained_variance(batch["values"], batch["returns"])
             for key, value in stats.items():
                 writer.add_scalar(f"losses/{key}", value, run.global_step)
-            # The share of the played action components within 1% of the box's width from a bound: near 1, bang-bang.
             at_bounds = agent.policy_head.at_bounds(agent.policy_head.env_action(batch["actions"]))
             writer.add_scalar("charts/actions_at_bounds", at_bounds.float().mean(), run.global_step)
-
             # ---- evaluate and save: every eval_interval steps, and at the end
             every, last = args.eval_interval, iteration == num_iterations
             if last or (every > 0 and run.global_step // every > (run.global_step - batch_size) // every):
@@ -755,6 +681,9 @@ def train(args: Args) -> dict:
                     run.best_eval = run.last_eval
                     save_checkpoint(run, "best")
             print_progress(run, sps, np.mean(recent_returns or [math.nan]), final=last)
+    except TrainingDiverged as e:  # raised by ppo_update before the step was counted
+        kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
+        raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
     except KeyboardInterrupt:
         # The step is read back from the file: Ctrl-C can land inside a save, after its rename.
         saved = torch.load(run.path("last"), map_location="cpu", weights_only=True)["global_step"]
@@ -762,24 +691,21 @@ def train(args: Args) -> dict:
         raise
     finally:
         run.close()
-    summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": sps, "wall_time": time.time() - start_time}
-    final = {"final_eval_return": run.last_eval, "final_eval_std": eval_returns.std(), "best_eval_return": run.best_eval}
-    return summary | final
+    summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=sps, wall_time=time.time() - start_time)
+    return summary | dict(final_eval_return=run.last_eval, final_eval_std=eval_returns.std(), best_eval_return=run.best_eval)
 
 
 def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> None:
-    """On a terminal, one line rewritten in place after every update; in a file or a pipe, a line every 5% of the run
-    and at the end. The return is the mean of the last 20 finished training episodes, '-' before the first one ends."""
+    """On a terminal, one line rewritten in place after every update; in a file or a pipe, a line every 5% and at the end."""
     step, total, eval_return = run.global_step, run.args.total_timesteps, run.last_eval
     tty, batch = sys.stdout.isatty(), run.args.num_envs * run.args.num_steps
     if not (tty or final or step * 20 // total > (step - batch) * 20 // total):
         return
     seconds = int((total - step) / sps) if sps > 0 else 0
     eta = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-    evaluation = "-" if eval_return is None else f"{eval_return:.1f}"
-    line = f"step {step}/{total} ({100 * step / total:.1f}%) | SPS {sps:.0f} | ETA {eta}"
     recent = "-" if math.isnan(recent_return) else f"{recent_return:.1f}"
-    line += f" | return {recent} | eval {evaluation}"
+    evaluation = "-" if eval_return is None else f"{eval_return:.1f}"
+    line = f"step {step}/{total} ({100 * step / total:.1f}%) | SPS {sps:.0f} | ETA {eta} | return {recent} | eval {evaluation}"
     print(f"\r{line}\033[K" if tty else line, end="\n" if final or not tty else "", flush=True)
 
 
@@ -834,8 +760,7 @@ def library_loads(names: tuple[str, ...]) -> bool:
 
 
 def choose_gl_backend(capture_video: bool) -> str | None:
-    """Set MUJOCO_GL before mujoco loads: the user's wins, else 'disable' without video, else the first GL_BACKENDS
-    library that loads (None if none does: check_video then names what to install)."""
+    """Set MUJOCO_GL before mujoco loads: the user's, else 'disable' without video, else the first GL_BACKENDS that loads."""
     if "MUJOCO_GL" in os.environ or (capture_video and sys.platform != "linux"):
         return os.environ.get("MUJOCO_GL", "default")  # "default": MuJoCo's own windowing (macOS, Windows)
     backend = next((name for name, libraries in GL_BACKENDS if library_loads(libraries)), None) if capture_video else "disable"
@@ -851,10 +776,9 @@ def check_video(env_id: str, gl_backend: str | None) -> None:
     try:
         with warnings.catch_warnings():  # gymnasium warns about unsupported render modes: the check below says it
             warnings.simplefilter("ignore")
-            env = gym.make(gym_id, render_mode="rgb_array")
-        env.reset(seed=0)
-        frame = env.render()
-        env.close()
+            with gym.make(gym_id, render_mode="rgb_array") as env:
+                env.reset(seed=0)
+                frame = env.render()
     except Exception as e:  # a renderer that cannot start: name it, without a traceback
         reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         raise ConfigError(f"--capture-video: {env_id} cannot render ({reason})") from None
@@ -863,8 +787,7 @@ def check_video(env_id: str, gl_backend: str | None) -> None:
 
 
 def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = False) -> gym.vector.VectorEnv:
-    """The official envs: flat float observations, NEXT_STEP autoreset, episode statistics; env 0 draws rgb frames
-    with `render_first`. The caller resets them with its seed."""
+    """The official envs: flat observations, NEXT_STEP autoreset, episode statistics, env 0 rendering with `render_first`."""
 
     def make_env(render: bool) -> gym.Env:
         limit = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
@@ -880,15 +803,12 @@ def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = F
     return envs
 
 
-# EnvPool ports that are not the official task: under the same random actions (benchmarks/README.md, "EnvPool's
-# ports"), finger's touch sensors read about twice the official values and finger/spin pays a reward on a quarter as
-# many steps. "auto" trains these on gymnasium.
+# EnvPool ports that measurably differ from the official task (benchmarks/README.md, "EnvPool's ports"); "auto" avoids them.
 ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")
 
 
 def envpool_task_id(gym_id: str) -> str | None:
-    """EnvPool's id for a gymnasium id (dm_control/walker-walk-v0 -> WalkerWalk-v1; MuJoCo's Hopper-v5 keeps its name), or
-    None where EnvPool is not installed or has no port of the task."""
+    """EnvPool's id (dm_control/walker-walk-v0 -> WalkerWalk-v1, Hopper-v5 -> Hopper-v5), or None where it has no port."""
     try:
         with warnings.catch_warnings():  # its glfw import warns on a machine without a display; nothing here renders
             warnings.simplefilter("ignore")
@@ -904,10 +824,7 @@ def envpool_task_id(gym_id: str) -> str | None:
 
 
 def choose_policy(args: Args, space: gym.spaces.Box) -> tuple[str, float, float | None, str]:
-    """--policy, --rpo-alpha and --init-log-std resolved, and one line that says which family trains and why; a ConfigError
-    where the family cannot serve the box or would ignore a flag. `auto` picks the Gaussian on the control suite, whose
-    rewards pay for full force, and on a box with an infinite bound, which it leaves unclipped; elsewhere the Beta, since
-    rewards there mostly charge for torque (benchmarks/README.md, "Why each default")."""
+    """--policy, --rpo-alpha, --init-log-std resolved, and a line saying which family trains and why; or a ConfigError."""
     infinite = [f"{name} {getattr(space, name)}" for name in ("low", "high") if not np.isfinite(getattr(space, name)).all()]
     policy, why = args.policy, f"--policy {args.policy}"
     if policy == "auto" and args.env_id.startswith("dm_control/"):
@@ -946,9 +863,7 @@ def choose_env_backend(args: Args) -> tuple[str, str]:
 
 
 class EnvPoolVectorEnv(gym.vector.VectorEnv):
-    """EnvPool's C++ envs with the official env's spaces: Dict observations flattened in the official env's key order,
-    with only its keys (EnvPool keeps dm_control's order and adds keys to some tasks). Like NEXT_STEP autoreset, the
-    step after an episode end is a reset step; its reward is set to 0 (EnvPool repeats the last one)."""
+    """EnvPool's envs with the official env's spaces (its Dict keys, in order); a reset step, reward 0, after each episode."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
 
@@ -964,9 +879,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         self.pool, self.prev_done = None, np.zeros(num_envs, dtype=bool)
 
     def flatten(self, obs) -> np.ndarray:
-        if self.keys is None:
-            return obs
-        return np.concatenate([obs[key].reshape(self.num_envs, -1) for key in self.keys], axis=1)
+        return obs if self.keys is None else np.concatenate([obs[key].reshape(self.num_envs, -1) for key in self.keys], axis=1)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if self.pool is None or seed is not None:  # EnvPool 1.2.0 takes its seed when it is made: a new seed, a new pool
@@ -992,16 +905,14 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
 
 
 def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.VectorEnv:
-    """The training envs of --env-backend ("auto" is resolved here): NEXT_STEP resets and episode statistics on both
-    backends; EnvPool runs `threads` threads (at most num_envs). The caller resets them."""
+    """The training envs of --env-backend, with NEXT_STEP resets and episode statistics on both backends."""
     backend = choose_env_backend(args)[0] if args.env_backend == "auto" else args.env_backend
     if backend == "gymnasium":
         return make_vector_env(args, args.num_envs, seed)
     gym_id = resolve_env_id(args.env_id)
+    task_id, threads = envpool_task_id(gym_id), min(threads, args.num_envs)
     with gym.make(gym_id) as official:
-        envs = EnvPoolVectorEnv(
-            envpool_task_id(gym_id), official, args.num_envs, min(threads, args.num_envs), args.max_episode_steps
-        )
+        envs = EnvPoolVectorEnv(task_id, official, args.num_envs, threads, args.max_episode_steps)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     envs.action_space.seed(seed)
     return envs
@@ -1012,17 +923,11 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
-    """One episode per eval env with the deterministic policy (its mean action), then one with sampled actions from the
-    same starts, on the frozen normalizer; logs `eval/*` (the sampled return shows where the two policies part, the
-    episodes below 100 a walker that never gets up) and returns the deterministic returns."""
+    """The deterministic policy's returns (its mean action), then the sampled policy's from the same starts; logs `eval/*`."""
     family = run.agent.policy_head
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
-
-    def sampled_action(obs: torch.Tensor) -> torch.Tensor:
-        return family.env_action(family.sample(run.agent.policy(obs), generator=noise))
-
     returns, lengths = run_episodes(run, lambda obs: family.mean_action(run.agent.policy(obs)), video_name)
-    sampled_returns, _ = run_episodes(run, sampled_action)
+    sampled_returns, _ = run_episodes(run, lambda obs: family.env_action(family.sample(run.agent.policy(obs), noise)))
     stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
     stats |= {"length_mean": lengths.mean(), "sampled_return_mean": sampled_returns.mean()}
     stats["episodes_below_100"] = (returns < 100).sum()
@@ -1032,8 +937,7 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
 
 
 def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One episode per eval env, acting with `policy(normalized obs)`, the env's action; the returns and lengths. With
-    `video_name`, env 0's episode goes to `<run_dir>/videos/<video_name>.mp4`."""
+    """One episode per eval env, `policy(normalized obs)` giving the env's action; with `video_name`, env 0 is filmed."""
     envs = run.eval_envs
     obs, _ = envs.reset(seed=run.args.seed + 10_000)
     frames = [envs.unwrapped.envs[0].render()] if video_name else None
@@ -1060,8 +964,7 @@ def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.nd
 # Checkpoints
 # ---------------------------------------------------------------------------------------
 def rng_state(device: torch.device) -> dict:
-    """The generators the run draws from: torch's (minibatch order, RPO's noise), numpy's (the rollout's actions, its
-    cached Gaussian too) and the GPU's where there is one (the script draws nothing from it; a user's change might)."""
+    """The generators: torch's (minibatch order, RPO's noise), numpy's (actions, cached Gaussian too) and the GPU's."""
     _, key, pos, has_gauss, gauss = np.random.get_state()
     numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
     state = {"torch": torch.get_rng_state(), "numpy": numpy}
@@ -1083,7 +986,7 @@ def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> 
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
-    """`<script>_<kind>.pt` with the run's state at `run.global_step`; atomic: a temporary file renamed over it."""
+    """`<script>_<kind>.pt` with the run's state at `run.global_step`, written atomically."""
     path = run.path(kind)
     ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "rng": rng_state(run.device), "device": run.device.type}
     ckpt |= {"eval_return": run.last_eval, "global_step": run.global_step, "iteration": run.iteration}
@@ -1109,13 +1012,14 @@ def load_checkpoint(path: str, flag: str) -> dict:
     if changed:  # a version with other options: no silent default stands in for a setting the run had, or lacked
         options = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
         raise ConfigError(f"{flag} {path!r} was written by a {SCRIPT}.py with other options ({options}; see CHANGELOG.md)")
+    if "policy_head.weight" not in ckpt["agent"]:  # written before the policy families held their output layers
+        raise ConfigError(f"{flag} {path!r} was written by an earlier {SCRIPT}.py, whose weights are named otherwise")
     return ckpt
 
 
 # Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
 RUN_FIELDS = "exp_name cuda track wandb_project_name wandb_entity capture_video output_dir total_timesteps".split()
-RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_threads"]
-RUN_FIELDS += ["checkpoint", "eval_only", "resume"]
+RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_threads", "checkpoint", "eval_only", "resume"]
 
 
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
@@ -1172,11 +1076,10 @@ if __name__ == "__main__":
     # MKL's strict mode, read at its first call: products sum in one order on any thread count (importing sets nothing)
     os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
     try:
-        summary = train(tyro.cli(Args))
+        s = train(tyro.cli(Args))  # the summary
     except (ConfigError, TrainingDiverged) as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         sys.exit(130)
-    s = summary
     returns = f"final eval return {s['final_eval_return']:.2f} ± {s['final_eval_std']:.2f} | best {s['best_eval_return']:.2f}"
     print(f"{returns} | {s['global_step']} steps | train SPS {s['train_sps']:.0f} | run dir {s['run_dir']}")

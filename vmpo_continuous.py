@@ -3,20 +3,12 @@
 V-MPO (Song et al., 2019, "V-MPO: On-Policy Maximum a Posteriori Policy Optimization for Discrete and Continuous
 Control", https://arxiv.org/abs/1909.12238) is an on-policy EM-style algorithm. Per rollout, the E-step weights the top
 fraction rho of the normalized advantages by psi ~ exp(A / eta), the temperature eta taking one step on its dual (KL
-bound epsilon_eta); the M-step fits the policy to the weighted samples under decoupled KL trust regions on the Gaussian's
-mean and covariance (bounds epsilon_mu, epsilon_sigma), and the value to its targets, in m_steps minibatch steps.
+bound epsilon_eta); the M-step fits the policy to the weighted samples under decoupled KL trust regions on its mean and
+spread (bounds epsilon_mu, epsilon_sigma), and the value to its targets, in m_steps minibatch steps. The policy is PPO's
+Gaussian whose samples the env clips, fitted to the action the env played (`--policy auto` on the control suite), or a
+Beta on the action box (Chou et al., 2017, https://proceedings.mlr.press/v70/chou17a.html; `auto` elsewhere).
+This file's departures from the paper are the third group of `Args`, each with the value that gives the paper's.
 
-The policy is a Gaussian whose samples the env gets clipped to its bounds, as PPO's; the M-step fits the probability of
-the action the env played. That is `--policy auto` on the control suite, whose rewards pay for full force; on any other
-env it trains a Beta on the action box (Chou et al., 2017, "Improving Stochastic Policy Gradients in Continuous Control
-with Deep Reinforcement Learning using the Beta Distribution"), whose calm actions keep gymnasium's Ant up where the
-Gaussian's bang-bang ones make it fall; the decoupled bounds then hold the Beta's mean and concentration.
-
-This file's departures from the paper are the third group of `Args`, each with the value that gives the paper's:
-chiefly `--m-step clip`, which bounds the pull toward the top-k samples and adds a bounded push off the bottom-k ones
-(`--m-step seed` is the paper's update).
-
-Run:
     python vmpo_continuous.py --env-id dm_control/walker/walk --cuda
     python vmpo_continuous.py --resume runs/<run>/vmpo_continuous_last.pt --total-timesteps 2000000
     python vmpo_continuous.py --eval-only --checkpoint runs/<run>/vmpo_continuous_best.pt --capture-video
@@ -38,7 +30,6 @@ import sys
 import time
 import warnings
 from collections import deque
-from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
@@ -53,7 +44,7 @@ from torch.utils.tensorboard import SummaryWriter
 # ---------------------------------------------------------------------------------------
 # Arguments
 # ---------------------------------------------------------------------------------------
-@dataclass
+@dataclasses.dataclass
 class Args:
     """V-MPO for continuous actions (a Gaussian policy that the env clips, or a Beta on the box), in one file."""
 
@@ -137,20 +128,19 @@ class Args:
     value_hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of the value encoder"""
     init_log_std: float | None = None
-    """initial log-std of the Gaussian (None: 0, std 1): the log-std parameter, or the log-std head's bias; the Beta has none"""
+    """initial log-std of the Gaussian (None: 0, std 1): the parameter, or the log-std head's bias; the Beta has none"""
 
     # This file's departures from the paper: each default, and the value that gives the paper's.
     policy: Literal["auto", "gaussian", "beta"] = "auto"
-    """the policy family. auto: gaussian on dm_control/... tasks, beta on any other env (paper: a Gaussian).
-    gaussian: the env clips its samples (it acts bang-bang, which the control suite rewards).
-    beta: a Beta on the action box (calm, where rewards charge for torque)"""
+    """the policy family (paper: a Gaussian). gaussian: the env clips its samples; beta: a Beta on the action box; auto:
+    gaussian on dm_control/... tasks and on a box with an infinite bound, beta on any other env"""
     m_step: Literal["seed", "clip"] = "clip"
     """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's)"""
     m_step_clip: float = 0.2
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
     rpo_alpha: float | None = None
-    """RPO's shift: the M-step's likelihood with the policy's outputs (the Gaussian's mean, the Beta's logits) moved by
-    U(-alpha, alpha), fresh per M-step; None: the family's, gaussian 0.5, beta 0.2 (0: none, the paper's)"""
+    """RPO's shift of the M-step likelihood's policy (the Gaussian's mean, the Beta's logits) by U(-alpha, alpha), fresh
+    per M-step; None: the family's, gaussian 0.5, beta 0.2 (0: none, the paper's)"""
     gae_lambda: float = 0.95
     """lambda of the GAE targets (1: the paper's n-step returns over the rollout; 0: one-step TD)"""
     anneal_lr: bool = True
@@ -224,8 +214,7 @@ class Agent(nn.Module):
 
 
 class BoxPolicy(nn.Module):
-    """What every family shares: the env's action box, buffers on the family's device (the env gives them, so checkpoints
-    hold none). An infinite bound stands at +-UNBOUNDED, which no sample reaches, so each formula on the box stays finite."""
+    """What every family shares: the env's action box as buffers, an infinite bound at +-UNBOUNDED (no sample reaches it)."""
 
     def __init__(self, action_space: gym.spaces.Box):
         super().__init__()
@@ -239,8 +228,9 @@ class BoxPolicy(nn.Module):
 
 
 class GaussianPolicy(BoxPolicy):
-    """--policy gaussian, RPO's: u ~ N(mu_theta(s), sigma_theta(s)) and the env plays a = clip(u), so a mean past a bound
-    plays the bound exactly; the fit is of a's probability. `params`: the mean and the clamped log-std."""
+    """--policy gaussian, RPO's: u ~ N(mu_theta(s), sigma_theta(s)), the env plays a = clip(u). `params`: mean, log-std."""
+
+    pushed = True  # --m-step clip pushes it off the bottom k
 
     def __init__(self, features: int, action_space: gym.spaces.Box, init_log_std: float, ppo_like: bool):
         super().__init__(action_space)
@@ -263,17 +253,14 @@ class GaussianPolicy(BoxPolicy):
         return mean + log_std.exp() * torch.randn(mean.shape, generator=generator, device=mean.device)
 
     def log_prob(self, params: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """log pi(a|s) of the played action a = clip(u), summed over dimensions: the density between the bounds, the mass
-        beyond a bound where a sits on it. Every u past a bound plays the same action and gets the same value: the fit can
-        push mass to a bound, not drag the mean after a far sample."""
-        mean, log_std = params.unbind(-2)
-        low, high, std = self.low, self.high, log_std.exp()
+        """log pi(a|s) of the played a = clip(u): every u past a bound gets its mass, so none drags the mean after it."""
+        (mean, log_std), low, high = params.unbind(-2), self.low, self.high
+        std = log_std.exp()
         # LaTeX: \log\mathcal{N}(u_j|\mu_j,\sigma_j) = -\frac{(u_j-\mu_j)^2}{2\sigma_j^2} - \log\sigma_j - \frac{\log 2\pi}{2}
         inside = -0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
         # LaTeX: \log \pi(a_j) = \begin{cases} \log\Phi\big(\tfrac{l_j - \mu_j}{\sigma_j}\big) & u_j \le l_j \\ \log\mathcal{N}(u_j|\mu_j,\sigma_j) & l_j < u_j < h_j \\ \log\Phi\big(\tfrac{\mu_j - h_j}{\sigma_j}\big) & u_j \ge h_j \end{cases}, \quad \log \pi(a) = \sum_j \log \pi(a_j)
         between = (u > low) & (u < high)
-        # The mass beyond a bound only where a sits on one (0 elsewhere): far in the tail float32's log_ndtr has an inf
-        # gradient, which the last where would turn into NaN (0 * inf).
+        # Phi's argument is 0 where a lies between the bounds: far in the tail log_ndtr's float32 gradient is inf (NaN here).
         z = torch.where(between, 0.0, torch.where(u <= low, (low - mean) / std, (mean - high) / std))
         return torch.where(between, inside, torch.special.log_ndtr(z)).sum(-1)  # one erfc, not two
 
@@ -282,8 +269,7 @@ class GaussianPolicy(BoxPolicy):
         return (0.5 * (1.0 + math.log(2 * math.pi)) + params[..., 1, :]).sum(-1)
 
     def decoupled_kl(self, params: torch.Tensor, old_params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """V-MPO's trust regions, per sample: KL(N(mu_old, sigma_old) || N(mu, sigma_old)) moves the mean alone,
-        KL(N(mu_old, sigma_old) || N(mu_old, sigma)) the covariance alone."""
+        """Per sample: KL(N(mu_old, s_old) || N(mu, s_old)) moves the mean alone, KL(... || N(mu_old, s)) the spread."""
         (mean, log_std), (old_mean, old_log_std) = params.unbind(-2), old_params.unbind(-2)
         old_var = (2.0 * old_log_std).exp()
         # LaTeX: D_\mu(s_t) = \sum_j \frac{(\mu_j - \mu^{old}_j)^2}{2(\sigma^{old}_j)^2}
@@ -293,10 +279,9 @@ class GaussianPolicy(BoxPolicy):
         return kl_mu, kl_sigma
 
     def mean_action(self, params: torch.Tensor) -> torch.Tensor:
-        """E[clip(u)] in closed form, per dimension: the mass beyond each bound plays the bound, the mass between them its
-        truncated mean (not clip(mean), which can sit on a bound the sampled policy seldom plays)."""
-        mean, std = params[..., 0, :], params[..., 1, :].exp()
-        low, high, normal = self.low, self.high, torch.distributions.Normal(0.0, 1.0)
+        """E[clip(u)] in closed form (not clip(mean), which can sit on a bound the sampled policy seldom plays)."""
+        mean, std, low, high = params[..., 0, :], params[..., 1, :].exp(), self.low, self.high
+        normal = torch.distributions.Normal(0.0, 1.0)
         alpha, beta = (low - mean) / std, (high - mean) / std
         cdf_alpha, cdf_beta = normal.cdf(alpha), normal.cdf(beta)
         pdf_alpha, pdf_beta = normal.log_prob(alpha).exp(), normal.log_prob(beta).exp()
@@ -308,15 +293,14 @@ class GaussianPolicy(BoxPolicy):
         return torch.clamp(u, self.low, self.high)
 
     def shift(self, params: torch.Tensor, alpha: float) -> torch.Tensor:
-        """RPO's shift of the mean; the log-std stays."""
         mean, log_std = params.unbind(-2)
-        return torch.stack([rpo_perturbation(mean, alpha), log_std], dim=-2)
+        return torch.stack([rpo_perturbation(mean, alpha), log_std], dim=-2)  # the mean's, not the log-std's
 
 
 class BetaPolicy(BoxPolicy):
-    """--policy beta: u ~ Beta(alpha_theta(s), beta_theta(s)) per dimension, the env plays a = low + (high - low) u. With
-    alpha, beta > 1 it is unimodal and never U-shaped: full force is a choice the fit makes, not where a wide start puts
-    the actions. `params`: the two logits. Its likelihood is u's density (the box's scale cancels in every ratio)."""
+    """--policy beta: u ~ Beta(alpha, beta), alpha, beta > 1 (never U-shaped), a = low + (high - low) u. `params`: logits."""
+
+    pushed = False  # the push off the bottom k drives a concentration to its floor of 1, where softplus's gradient vanishes
 
     def __init__(self, features: int, action_space: gym.spaces.Box, init_log_std: None, ppo_like: bool):
         super().__init__(action_space)
@@ -350,11 +334,9 @@ class BetaPolicy(BoxPolicy):
         return self.distribution(params).entropy().sum(-1)
 
     def decoupled_kl(self, params: torch.Tensor, old_params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """V-MPO's trust regions written with the Beta's mean m = alpha / (alpha + beta) and concentration k = alpha + beta:
-        D_mu moves the mean at the old concentration, D_sigma the concentration at the old mean."""
+        """With m = alpha / (alpha + beta), k = alpha + beta: D_mu moves m at the old k, D_sigma k at the old m."""
         new, old = self.distribution(params), self.distribution(old_params)
-        mean, conc = new.mean, new.concentration1 + new.concentration0
-        old_mean, old_conc = old.mean, old.concentration1 + old.concentration0
+        (mean, conc), (old_mean, old_conc) = ((d.mean, d.concentration1 + d.concentration0) for d in (new, old))
         kl = torch.distributions.kl_divergence
         # LaTeX: \mathrm{KL}(p \| q) = \log \tfrac{B(\alpha_q, \beta_q)}{B(\alpha_p, \beta_p)} + (\alpha_p - \alpha_q)\psi(\alpha_p) + (\beta_p - \beta_q)\psi(\beta_p) + (\alpha_q - \alpha_p + \beta_q - \beta_p)\psi(\alpha_p + \beta_p)
         # LaTeX: D_\mu(s_t) = \sum_j \mathrm{KL}\big(\mathrm{B}(m^{old}_j, k^{old}_j) \,\|\, \mathrm{B}(m_j, k^{old}_j)\big), \quad \mathrm{B}(m, k) = \mathrm{Beta}(m k, (1 - m) k)
@@ -372,7 +354,6 @@ class BetaPolicy(BoxPolicy):
         return self.low + (self.high - self.low) * u
 
     def shift(self, params: torch.Tensor, alpha: float) -> torch.Tensor:
-        """RPO's shift of both logits."""
         # LaTeX: \tilde{\ell}_\theta(s_t) = \ell_\theta(s_t) + z_t, \quad z_t \sim \mathcal{U}(-\alpha_{rpo}, \alpha_{rpo})^{2d}
         return rpo_perturbation(params, alpha)
 
@@ -434,10 +415,9 @@ class RewardScaler:
 # ---------------------------------------------------------------------------------------
 # Rollout
 # ---------------------------------------------------------------------------------------
-@dataclass
+@dataclasses.dataclass
 class Rollout:
-    """(num_steps, num_envs, ...) tensors of one rollout. With NEXT_STEP autoreset the step after an episode end is a reset
-    step: it holds the real final observation (row t+1 is always s_{t+1}); its action is ignored and its weight is 0."""
+    """(num_steps, num_envs, ...) tensors; NEXT_STEP autoreset: row t+1 is s_{t+1}, the final observation too."""
 
     obs: torch.Tensor
     u: torch.Tensor  # the policy's samples (the env played a = env_action(u)): the M-step fits the played action's probability
@@ -446,7 +426,7 @@ class Rollout:
     values: torch.Tensor
     terminated: torch.Tensor
     truncated: torch.Tensor
-    resets: torch.Tensor  # 1 on reset steps, else 0
+    resets: torch.Tensor  # 1 on a reset step (after an episode end): its action is ignored, its weight 0
 
     @classmethod
     def empty(cls, num_steps: int, envs: gym.vector.VectorEnv, device: torch.device) -> Rollout:
@@ -464,8 +444,7 @@ class Rollout:
 def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.Tensor, buf: Rollout) -> tuple:
     """Fill `buf`; return the next observation and the finished episodes (env steps into the rollout, return, length)."""
     num_steps, num_envs = buf.rewards.shape
-    # Row 0 follows the previous rollout's last row (all zeros before the first rollout).
-    prev_done = (torch.maximum(buf.terminated[-1], buf.truncated[-1]) > 0).cpu().numpy()
+    prev_done = (torch.maximum(buf.terminated[-1], buf.truncated[-1]) > 0).cpu().numpy()  # zeros before the first
     episodes = []
     for step in range(num_steps):
         buf.obs[step] = next_obs
@@ -491,8 +470,7 @@ def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.T
 # Advantages
 # ---------------------------------------------------------------------------------------
 def compute_gae(rewards, values, next_values, terminated, truncated, gamma: float, gae_lambda: float) -> tuple:
-    """Advantages and value targets, (num_steps, num_envs). next_values[t] = V(real successor of s_t): the real final
-    observation at an episode end (NEXT_STEP autoreset stores it as the next row), the next observation at the rollout end."""
+    """Advantages and value targets, (num_steps, num_envs); next_values[t] is V of s_t's real successor (NEXT_STEP's row)."""
     advantages, last = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
         # LaTeX: \delta_t = r_t + \gamma (1 - \mathrm{terminated}_t) V(s_{t+1}) - V(s_t)
@@ -576,9 +554,7 @@ def e_step(advantages, restarting_weights, temperature: torch.Tensor, topk_fract
 
 
 def rpo_perturbation(mean: torch.Tensor, alpha: float) -> torch.Tensor:
-    """--rpo-alpha (Rahman & Xue, 2022, "Robust Policy Optimization"): the mean (or each of the Beta's logits) shifted by
-    fresh uniform noise, so the fit to the top k cannot pull the spread in as tightly as around the mean itself; 0 returns
-    the input and draws nothing."""
+    """RPO's shift (Rahman & Xue, 2022): fresh noise per sample and dimension each time the M-step takes its likelihood."""
     if alpha == 0:
         return mean
     # LaTeX: \tilde{\mu}_\theta(s_t) = \mu_\theta(s_t) + z_t, \quad z_{t,j} \sim \mathcal{U}(-\alpha_{rpo}, \alpha_{rpo})
@@ -601,10 +577,7 @@ def clipped_likelihood_loss(weights, push_weights, log_ratio: torch.Tensor, clip
 
 
 def m_step_losses(family, params, values, mb: dict, m_step: str, clip: float, rpo_alpha: float) -> dict:
-    """The M-step's losses on one minibatch from the networks' outputs on it (the policy's parameters under `family`): the
-    likelihood loss of --m-step, the decoupled KLs over the selected samples, the value loss. `mb` holds the acting
-    policy's parameters, the samples u and their log-probability under it, the E-step's weights (psi, psi_minus,
-    selected), `restarting` and `returns`."""
+    """The M-step's losses on one minibatch: the likelihood of --m-step, the decoupled KLs, the value loss, their inputs."""
     # RPO's shift moves only the likelihood's policy: the KL bounds, the old log-probability and acting see its own.
     # LaTeX: \log \pi_\theta(a_t|s_t) = \log \pi(\operatorname{clip}(u_t) \mid \tilde{\mu}_\theta(s_t), \sigma_\theta(s_t)) \ \text{(Gaussian)}, \quad \log \mathrm{Beta}(x_t \mid \tilde{\alpha}_\theta(s_t), \tilde{\beta}_\theta(s_t)) \ \text{(Beta)}
     log_prob = family.log_prob(family.shift(params, rpo_alpha), mb["u"])
@@ -634,8 +607,7 @@ def build_optimizers(agent: Agent, duals: DualVariables, args: Args) -> dict[str
 
 
 def minibatches(fields: dict[str, torch.Tensor], num_minibatches: int, m_steps: int):
-    """m_steps minibatches of the batch's fields (tensors of N rows), reshuffled for each pass over the batch. The fields
-    travel as the columns of one tensor: a pass costs one gather, and a minibatch is a slice of it."""
+    """m_steps minibatches of the fields, reshuffled each pass: one tensor's columns, so a pass costs one gather."""
     n = len(next(iter(fields.values())))
     columns = [field.reshape(n, -1) for field in fields.values()]
     packed, widths = torch.cat(columns, 1), [column.shape[1] for column in columns]
@@ -644,10 +616,8 @@ def minibatches(fields: dict[str, torch.Tensor], num_minibatches: int, m_steps: 
             # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
             order = torch.randperm(n) if num_minibatches > 1 else torch.arange(n)
             shuffled = packed[order.to(packed.device)].split(n // num_minibatches)
-        minibatch = shuffled[step % num_minibatches].split(widths, dim=1)
-        yield {
-            key: column.reshape(-1, *field.shape[1:]) for (key, field), column in zip(fields.items(), minibatch, strict=True)
-        }
+        columns = zip(fields.items(), shuffled[step % num_minibatches].split(widths, dim=1), strict=True)
+        yield {key: column.reshape(-1, *field.shape[1:]) for (key, field), column in columns}
 
 
 def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dict, args: Args) -> dict[str, float]:
@@ -660,11 +630,12 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     optimizers["temperature"].zero_grad()
     estep["dual_loss"].backward()
     optimizers["temperature"].step()
-    # --m-step clip's push: the mirror E-step (same temperature and k, negated advantages), exp(-s_t) on the bottom k.
-    # LaTeX: \psi^-_t \propto \bar{w}^-_t e^{-s_t}, \quad \bar{w}^-_t = w^{restart}_t [t \in \mathrm{BottomK}(s, k)]
-    push_weights = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)["weights"]
-    # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
+    # --m-step clip's push: the mirror E-step (same temperature and k, negated advantages) on the bottom k, if `pushed`.
     family = agent.policy_head
+    # LaTeX: \psi^-_t \propto \bar{w}^-_t e^{-s_t}, \quad \bar{w}^-_t = w^{restart}_t [t \in \mathrm{BottomK}(s, k)]
+    bottom_k = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)
+    push_weights = family.pushed * bottom_k["weights"]
+    # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
     fields = {key: batch[key] for key in ("obs", "u", "params", "returns")}
     fields["old_log_prob"] = family.log_prob(batch["params"], batch["u"])
     fields["psi"], fields["psi_minus"] = args.num_minibatches * estep["weights"], args.num_minibatches * push_weights
@@ -714,10 +685,8 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
 # ---------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------
-@dataclass
+@dataclasses.dataclass
 class Run:
-    """What ``set_up`` builds and the training loop uses."""
-
     args: Args
     device: torch.device
     run_dir: str
@@ -748,17 +717,6 @@ class Run:
             wandb.finish()
 
 
-@contextlib.contextmanager
-def one_thread():
-    """Torch on one CPU thread inside the block: results that do not depend on the machine's core count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def set_up(args: Args) -> Run:
     """Checks, seeds, run dir, logging, envs, agent; a checkpoint's state when resuming or evaluating."""
     gl_backend = choose_gl_backend(args.capture_video)  # before anything imports mujoco
@@ -779,7 +737,6 @@ def set_up(args: Args) -> Run:
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
-
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -794,13 +751,13 @@ def set_up(args: Args) -> Run:
     writer = SummaryWriter(run_dir)
     table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, render_first=args.capture_video)
     threads = args.torch_threads or torch.get_num_threads()  # the update's and EnvPool's
     envs = None if args.eval_only else make_training_envs(args, args.seed, threads)
-    with one_thread():  # the orthogonal init's QR sums in an order that depends on the thread count
-        network = (args.policy, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std, args.ppo_like_backbone)
-        agent = Agent(eval_envs.single_observation_space.shape[0], eval_envs.single_action_space, *network).to(device)
+    torch.set_num_threads(1)  # the orthogonal init's QR sums in an order that depends on the thread count
+    network = (args.policy, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std, args.ppo_like_backbone)
+    agent = Agent(eval_envs.single_observation_space.shape[0], eval_envs.single_action_space, *network).to(device)
+    torch.set_num_threads(threads)  # the update's
     duals = DualVariables(args.temperature_init, args.alpha_init).to(device)
     obs_rms = RunningMeanStd(eval_envs.single_observation_space.shape, args.norm_obs)
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
@@ -824,34 +781,29 @@ def train(args: Args) -> dict:
     run = set_up(args)
     start_time = time.time()
     if args.eval_only:  # evaluate the checkpoint's policy once, log it, print one line
-        try:
+        with contextlib.closing(run):
             eval_returns = evaluate(run, "eval-only" if args.capture_video else None)
-        finally:
-            run.close()
         mean, std = float(eval_returns.mean()), float(eval_returns.std())
         print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
-        summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": 0.0}
-        final = {"final_eval_return": mean, "final_eval_std": std, "best_eval_return": mean}
-        return summary | final | {"wall_time": time.time() - start_time}
+        summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=0.0, wall_time=time.time() - start_time)
+        return summary | dict(final_eval_return=mean, final_eval_std=std, best_eval_return=mean)
     args, agent, optimizers, writer = run.args, run.agent, run.optimizers, run.writer
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     default_threads = torch.get_num_threads()
-    # The rollout acts on the CPU: a forward pass on num_envs observations per env step is too small to pay for a
-    # GPU's kernel launches and copies. Training on a GPU, it acts with a CPU copy, synced after every update.
+    # The rollout acts on the CPU, too small a pass to pay for a GPU's launches; on a GPU, a CPU copy synced after updates.
     cpu = torch.device("cpu")
     acting_agent = agent if run.device == cpu else copy.deepcopy(agent).to(cpu)
     rollout = Rollout.empty(args.num_steps, run.envs, cpu)
     raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
     run.obs_rms.update(raw_obs)
     next_obs = torch.as_tensor(run.obs_rms.normalize(raw_obs))
-    final_step = num_iterations * batch_size
+    end_step = num_iterations * batch_size
     if run.iteration > 0:
-        resuming = f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters"
-        print(f"{resuming}; training to step {final_step}")
-    elif final_step != args.total_timesteps:
+        print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; training to step {end_step}")
+    elif end_step != args.total_timesteps:
         rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
-        print(f"training to step {final_step}: {rounded}")
+        print(f"training to step {end_step}: {rounded}")
     recent_returns = deque(maxlen=20)
     train_time, trained_steps = 0.0, 0
     # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
@@ -863,7 +815,6 @@ def train(args: Args) -> dict:
                 lr_scale = learning_rate_scale(iteration, num_iterations, batch_size, args.lr_horizon)
                 for group, lr in zip(optimizers["model"].param_groups, (args.policy_lr, args.value_lr), strict=True):
                     group["lr"] = lr * lr_scale
-
             # ---- collect a rollout with the current policy
             torch.set_num_threads(1)  # batches of num_envs observations only lose to threading overhead
             next_obs, episodes = collect_rollout(acting_agent, run.envs, run.obs_rms, run.reward_scaler, next_obs, rollout)
@@ -871,14 +822,12 @@ def train(args: Args) -> dict:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
                 writer.add_scalar("charts/episodic_length", episode_length, run.global_step + offset)
-
             # ---- advantages and value targets
             with torch.inference_mode():  # row t+1 holds s_{t+1}; the observation after the rollout bootstraps the last row
                 next_values = torch.cat([rollout.values[1:], acting_agent.value(next_obs).unsqueeze(0)], 0)
             target_inputs = (rollout.rewards, rollout.values, next_values, rollout.terminated, rollout.truncated)
             advantages, returns = compute_gae(*target_inputs, args.gamma, args.gae_lambda)
             batch = rollout.batch(advantages, returns, run.device)
-
             # ---- update
             torch.set_num_threads(run.threads)  # the batch's matrix products do use the cores
             try:
@@ -891,7 +840,6 @@ def train(args: Args) -> dict:
             run.iteration, run.global_step = iteration, run.global_step + batch_size
             save_checkpoint(run, "last")
             train_time, trained_steps = train_time + time.time() - tick, trained_steps + batch_size
-
             # ---- log
             sps = trained_steps / train_time
             writer.add_scalar("charts/learning_rate", optimizers["model"].param_groups[0]["lr"], run.global_step)
@@ -899,11 +847,10 @@ def train(args: Args) -> dict:
             trained = batch["resets"] == 0  # the value's fit over the trained samples, with the values that acted
             stats["losses/explained_variance"] = explained_variance(batch["values"][trained], batch["returns"][trained])
             # The share of the played action components within 1% of the box's width from a bound: near 1, bang-bang.
-            at_bounds = agent.policy_head.at_bounds(agent.policy_head.env_action(batch["u"][trained]))
-            stats["charts/actions_at_bounds"] = at_bounds.float().mean()
+            head = agent.policy_head
+            stats["charts/actions_at_bounds"] = head.at_bounds(head.env_action(batch["u"][trained])).float().mean()
             for key, value in stats.items():
                 writer.add_scalar(key, value, run.global_step)
-
             # ---- evaluate and save: every eval_interval steps, and at the end
             every, last = args.eval_interval, iteration == num_iterations
             if last or (every > 0 and run.global_step // every > (run.global_step - batch_size) // every):
@@ -922,15 +869,12 @@ def train(args: Args) -> dict:
     finally:
         torch.set_num_threads(default_threads)
         run.close()
-    summary = {"run_dir": run.run_dir, "global_step": run.global_step, "train_sps": sps, "wall_time": time.time() - start_time}
-    final = {"final_eval_return": run.last_eval, "final_eval_std": eval_returns.std(), "best_eval_return": run.best_eval}
-    return summary | final
+    summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=sps, wall_time=time.time() - start_time)
+    return summary | dict(final_eval_return=run.last_eval, final_eval_std=eval_returns.std(), best_eval_return=run.best_eval)
 
 
 def learning_rate_scale(iteration: int, num_iterations: int, batch_size: int, horizon: int) -> float:
-    """The factor on the initial learning rates at iteration k (1-based): with a horizon H > 0 (the default), a decay in
-    the steps already trained alone, so a run's first million steps do not depend on its total; with H = 0, linear over
-    the budget."""
+    """The factor on the learning rates at iteration k: H / (H + steps trained), the same at any budget; H = 0: linear."""
     if horizon == 0:
         # LaTeX: \lambda_k = \lambda_0 \left(1 - \frac{k - 1}{K}\right)
         return 1.0 - (iteration - 1.0) / num_iterations
@@ -939,18 +883,16 @@ def learning_rate_scale(iteration: int, num_iterations: int, batch_size: int, ho
 
 
 def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> None:
-    """On a terminal, one line rewritten in place after every update; in a file or a pipe, a line every 5% of the run
-    and at the end. The return is the mean of the last 20 finished training episodes, '-' before the first one ends."""
+    """On a terminal, one line rewritten in place after every update; in a file or a pipe, a line every 5% and at the end."""
     step, total, eval_return = run.global_step, run.args.total_timesteps, run.last_eval
     tty, batch = sys.stdout.isatty(), run.args.num_envs * run.args.num_steps
     if not (tty or final or step * 20 // total > (step - batch) * 20 // total):
         return
     seconds = int((total - step) / sps) if sps > 0 else 0
     eta = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-    evaluation = "-" if eval_return is None else f"{eval_return:.1f}"
-    line = f"step {step}/{total} ({100 * step / total:.1f}%) | SPS {sps:.0f} | ETA {eta}"
     recent = "-" if math.isnan(recent_return) else f"{recent_return:.1f}"
-    line += f" | return {recent} | eval {evaluation}"
+    evaluation = "-" if eval_return is None else f"{eval_return:.1f}"
+    line = f"step {step}/{total} ({100 * step / total:.1f}%) | SPS {sps:.0f} | ETA {eta} | return {recent} | eval {evaluation}"
     print(f"\r{line}\033[K" if tty else line, end="\n" if final or not tty else "", flush=True)
 
 
@@ -1005,8 +947,7 @@ def library_loads(names: tuple[str, ...]) -> bool:
 
 
 def choose_gl_backend(capture_video: bool) -> str | None:
-    """Set MUJOCO_GL before mujoco loads: the user's wins, else 'disable' without video, else the first GL_BACKENDS
-    library that loads (None if none does: check_video then names what to install)."""
+    """Set MUJOCO_GL before mujoco loads: the user's, else 'disable' without video, else the first GL_BACKENDS that loads."""
     if "MUJOCO_GL" in os.environ or (capture_video and sys.platform != "linux"):
         return os.environ.get("MUJOCO_GL", "default")  # "default": MuJoCo's own windowing (macOS, Windows)
     backend = next((name for name, libraries in GL_BACKENDS if library_loads(libraries)), None) if capture_video else "disable"
@@ -1022,10 +963,9 @@ def check_video(env_id: str, gl_backend: str | None) -> None:
     try:
         with warnings.catch_warnings():  # gymnasium warns about unsupported render modes: the check below says it
             warnings.simplefilter("ignore")
-            env = gym.make(gym_id, render_mode="rgb_array")
-        env.reset(seed=0)
-        frame = env.render()
-        env.close()
+            with gym.make(gym_id, render_mode="rgb_array") as env:
+                env.reset(seed=0)
+                frame = env.render()
     except Exception as e:  # a renderer that cannot start: name it, without a traceback
         reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         raise ConfigError(f"--capture-video: {env_id} cannot render ({reason})") from None
@@ -1034,8 +974,7 @@ def check_video(env_id: str, gl_backend: str | None) -> None:
 
 
 def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = False) -> gym.vector.VectorEnv:
-    """The official envs: flat float observations, NEXT_STEP autoreset, episode statistics; env 0 draws rgb frames
-    with `render_first`. The caller resets them with its seed."""
+    """The official envs: flat observations, NEXT_STEP autoreset, episode statistics, env 0 rendering with `render_first`."""
 
     def make_env(render: bool) -> gym.Env:
         limit = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
@@ -1051,14 +990,12 @@ def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = F
     return envs
 
 
-# EnvPool ports that are not the official task (benchmarks/README.md, "EnvPool's ports"): under the same random actions,
-# finger's touch sensors read twice the official values, and spin pays a reward on a quarter as many steps. "auto" avoids them.
+# EnvPool ports that measurably differ from the official task (benchmarks/README.md, "EnvPool's ports"); "auto" avoids them.
 ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")
 
 
 def envpool_task_id(gym_id: str) -> str | None:
-    """EnvPool's id for a gymnasium id (dm_control/walker-walk-v0 -> WalkerWalk-v1; MuJoCo's Hopper-v5 keeps its name), or
-    None where EnvPool is not installed or has no port of the task."""
+    """EnvPool's id (dm_control/walker-walk-v0 -> WalkerWalk-v1, Hopper-v5 -> Hopper-v5), or None where it has no port."""
     try:
         with warnings.catch_warnings():  # its glfw import warns on a machine without a display; nothing here renders
             warnings.simplefilter("ignore")
@@ -1074,10 +1011,7 @@ def envpool_task_id(gym_id: str) -> str | None:
 
 
 def choose_policy(args: Args, space: gym.spaces.Box) -> tuple[str, float, float | None, str]:
-    """--policy, --rpo-alpha and --init-log-std resolved, and one line that says which family trains and why; a ConfigError
-    where the family cannot serve the box or would ignore a flag. `auto` picks the Gaussian on the control suite, whose
-    rewards pay for full force, and on a box with an infinite bound, which it leaves unclipped; elsewhere the Beta, since
-    rewards there mostly charge for torque (benchmarks/README.md, "Why each default")."""
+    """--policy, --rpo-alpha, --init-log-std resolved, and a line saying which family trains and why; or a ConfigError."""
     infinite = [f"{name} {getattr(space, name)}" for name in ("low", "high") if not np.isfinite(getattr(space, name)).all()]
     policy, why = args.policy, f"--policy {args.policy}"
     if policy == "auto" and args.env_id.startswith("dm_control/"):
@@ -1116,9 +1050,7 @@ def choose_env_backend(args: Args) -> tuple[str, str]:
 
 
 class EnvPoolVectorEnv(gym.vector.VectorEnv):
-    """EnvPool's C++ envs with the official env's spaces: Dict observations flattened in the official env's key order,
-    with only its keys (EnvPool keeps dm_control's order and adds keys to some tasks). Like NEXT_STEP autoreset, the
-    step after an episode end is a reset step; its reward is set to 0 (EnvPool repeats the last one)."""
+    """EnvPool's envs with the official env's spaces (its Dict keys, in order); a reset step, reward 0, after each episode."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
 
@@ -1134,9 +1066,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         self.pool, self.prev_done = None, np.zeros(num_envs, dtype=bool)
 
     def flatten(self, obs) -> np.ndarray:
-        if self.keys is None:
-            return obs
-        return np.concatenate([obs[key].reshape(self.num_envs, -1) for key in self.keys], axis=1)
+        return obs if self.keys is None else np.concatenate([obs[key].reshape(self.num_envs, -1) for key in self.keys], axis=1)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if self.pool is None or seed is not None:  # EnvPool 1.2.0 takes its seed when it is made: a new seed, a new pool
@@ -1162,8 +1092,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
 
 
 def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.VectorEnv:
-    """The training envs of --env-backend ("auto" is resolved here): NEXT_STEP resets and episode statistics on both
-    backends; EnvPool runs `threads` threads (at most num_envs). The caller resets them."""
+    """The training envs of --env-backend, with NEXT_STEP resets and episode statistics on both backends."""
     backend = choose_env_backend(args)[0] if args.env_backend == "auto" else args.env_backend
     if backend == "gymnasium":
         return make_vector_env(args, args.num_envs, seed)
@@ -1181,17 +1110,12 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
 # ---------------------------------------------------------------------------------------
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
-    """One episode per eval env with the deterministic action, the policy's mean action (the Gaussian's E[clip(u)]), then
-    one sampled from the same starts, on the frozen normalizer; logs `eval/*` (where the two policies part) and returns
-    the deterministic returns."""
+    """The deterministic policy's returns (its mean action), then the sampled policy's from the same starts; logs `eval/*`."""
     family = run.agent.policy_head
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
 
-    def sampled_action(obs: torch.Tensor) -> torch.Tensor:
-        return family.env_action(family.sample(run.agent.policy(obs), generator=noise))
-
     returns, lengths = run_episodes(run, lambda obs: family.mean_action(run.agent.policy(obs)), video_name)
-    sampled_returns, _ = run_episodes(run, sampled_action)
+    sampled_returns, _ = run_episodes(run, lambda obs: family.env_action(family.sample(run.agent.policy(obs), noise)))
     stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
     stats |= {"length_mean": lengths.mean(), "sampled_return_mean": sampled_returns.mean()}
     stats["episodes_below_100"] = (returns < 100).sum()
@@ -1201,8 +1125,7 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
 
 
 def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One episode per eval env, acting with `policy(normalized obs)`; the returns and lengths. With `video_name`, env 0's
-    episode goes to `<run_dir>/videos/<video_name>.mp4`."""
+    """One episode per eval env, `policy(normalized obs)` giving the env's action; with `video_name`, env 0 is filmed."""
     envs = run.eval_envs
     obs, _ = envs.reset(seed=run.args.seed + 10_000)
     frames = [envs.unwrapped.envs[0].render()] if video_name else None
@@ -1229,8 +1152,7 @@ def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.nd
 # Checkpoints
 # ---------------------------------------------------------------------------------------
 def rng_state(device: torch.device) -> dict:
-    """The generators the run could draw from: torch's (the rollout's actions, minibatch order), numpy's (with its
-    cached Gaussian) and the GPU's where there is one (the script draws nothing from it; a user's change might)."""
+    """The generators: torch's (actions, minibatch order, RPO's noise), numpy's (cached Gaussian too) and the GPU's."""
     _, key, pos, has_gauss, gauss = np.random.get_state()
     numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
     state = {"torch": torch.get_rng_state(), "numpy": numpy}
@@ -1284,12 +1206,12 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 # Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
 RUN_FIELDS = "exp_name cuda track wandb_project_name wandb_entity capture_video output_dir total_timesteps".split()
-RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_threads"]
-RUN_FIELDS += ["checkpoint", "eval_only", "resume"]
+RUN_FIELDS += ["eval_interval", "eval_episodes", "max_episode_steps", "torch_threads", "checkpoint", "eval_only", "resume"]
 
 
 def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
     saved = {k: tuple(v) if isinstance(v, list) else v for k, v in ckpt["args"].items() if k not in RUN_FIELDS}
+    saved["init_log_std"] = None if saved["policy"] == "beta" else saved["init_log_std"]  # earlier versions saved 0.0
     return dataclasses.replace(args, **saved)
 
 
@@ -1344,11 +1266,10 @@ if __name__ == "__main__":
     # MKL's strict mode, read at its first call: products sum in one order on any thread count (importing sets nothing)
     os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
     try:
-        summary = train(tyro.cli(Args))
+        s = train(tyro.cli(Args))  # the summary
     except (ConfigError, TrainingDiverged) as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         sys.exit(130)
-    s = summary
     returns = f"final eval return {s['final_eval_return']:.2f} ± {s['final_eval_std']:.2f} | best {s['best_eval_return']:.2f}"
     print(f"{returns} | {s['global_step']} steps | train SPS {s['train_sps']:.0f} | run dir {s['run_dir']}")

@@ -73,7 +73,8 @@ def test_rollout_policy_matches_the_agent_and_its_log_prob_is_of_the_returned_ac
     agent = pc.Agent(5, BOX3, "gaussian", (16, 8), (16,), init_log_std=-0.3)
     policy = pc.RolloutPolicy(agent)
     obs = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
-    u, logprob, value = policy.act(obs)
+    u, logprob, value, env_action = policy.act(obs)
+    np.testing.assert_array_equal(env_action, np.clip(u, -1.0, 1.0))  # the box of BOX3
     with torch.no_grad():
         mean = agent.policy(torch.from_numpy(obs))
         reference = torch.distributions.Normal(mean, agent.policy_head.log_std.exp().expand_as(mean))
@@ -97,7 +98,8 @@ def test_the_betas_numpy_rollout_sample_lies_in_the_unit_box_with_scipys_log_pro
     with torch.no_grad():  # away from the near-zero start, so the concentrations differ
         agent.policy_head.bias.copy_(torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 4.0]))
     obs = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
-    u, logprob, _ = pc.RolloutPolicy(agent).act(obs)
+    u, logprob, _, env_action = pc.RolloutPolicy(agent).act(obs)
+    np.testing.assert_allclose(env_action, 2.0 * u - 1.0, rtol=1e-6)  # [0, 1] onto [-1, 1]
     with torch.no_grad():
         logits = agent.policy_head.weight.numpy() @ agent.actor(torch.from_numpy(obs)).numpy().T
     logits = logits.T + np.array([2.0, -1.0, 0.5, -3.0, 1.0, 4.0])

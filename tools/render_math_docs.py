@@ -192,6 +192,7 @@ class Script:
     lines: tuple[str, ...]
     annotations: tuple[Annotation, ...]
     functions: tuple[tuple[int, int, str], ...] = ()  # (first line, last line, name) of every def
+    classes: tuple[tuple[int, int, str], ...] = ()  # (first line, last line, name) of every class
 
     @property
     def stem(self) -> str:
@@ -312,7 +313,8 @@ def parse_script(source: str, name: str) -> Script:
     functions = tuple(
         (f.lineno, f.end_lineno, f.name) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
     )
-    return Script(name, lines, tuple(annotations), functions)
+    classes = tuple((c.lineno, c.end_lineno, c.name) for c in ast.walk(tree) if isinstance(c, ast.ClassDef))
+    return Script(name, lines, tuple(annotations), functions, classes)
 
 
 def load_script(path: Path) -> Script:
@@ -363,9 +365,22 @@ def missing_equations(script: Script, reqs: Requirements | None = None) -> list[
     return [f"{key} ({titles[key]})" for key, ann in _match_requirements(script, reqs).items() if ann is None]
 
 
+def _family(script: Script, line: int) -> str | None:
+    """The policy family's class (a class named `...Policy`) a line sits in, if any."""
+    return next((name for first, last, name in script.classes if first <= line <= last and name.endswith("Policy")), None)
+
+
 def _section_titles(script: Script) -> dict[int, str]:
-    titles = {req[0]: req[1] for req in REQUIRED.get(script.name, [])}
-    return {ann.line: titles[key] for key, ann in _match_requirements(script).items() if ann is not None}
+    """Each annotation's title: the requirement matched to it; inside a policy family, else the first requirement whose
+    formula pattern it fits, so the second family's version of an equation gets the same title."""
+    reqs = REQUIRED.get(script.name, [])
+    titles = {req[0]: req[1] for req in reqs}
+    out = {ann.line: titles[key] for key, ann in _match_requirements(script).items() if ann is not None}
+    for a in script.annotations:
+        if a.line not in out and _family(script, a.line):
+            title = next((t for _, t, f_rx, _ in reqs if re.search(f_rx, a.formula)), None)
+            out |= {a.line: title} if title else {}
+    return out
 
 
 def _code_title(script: Script, a: Annotation) -> str:
@@ -484,6 +499,7 @@ def render_annotations_page(script: Script) -> str:
     for a in script.annotations:
         span = f"line {a.code_start}" if a.code_end == a.code_start else f"lines {a.code_start}-{a.code_end}"
         title = titles.get(a.line) or _code_title(script, a)
+        title += f", `{_family(script, a.line)}`" if _family(script, a.line) else ""
         out.append(f"## {title} ({span})\n\n")
         out.append(_math_block(a.formula) + "\n")
         excerpt = list(script.lines[a.context_start - 1 : a.code_end])
