@@ -519,3 +519,21 @@ def test_rpo_perturbation_is_uniform_noise_around_the_mean_and_off_at_zero():
     assert not torch.equal(pc.rpo_perturbation(mean, 0.5), shifted)  # fresh noise every call
     shifted.sum().backward()  # the noise carries no gradient: d(shifted)/d(mean) = 1
     assert torch.equal(mean.grad, torch.ones_like(mean))
+
+
+def test_a_checkpoint_with_the_earlier_weight_names_is_one_clear_error(tmp_path):
+    """Before the families held their output layers, the policy's last layer was `actor.4` and its log-std
+    `policy.log_std`: such a checkpoint is refused in one line, not with torch's state-dict traceback."""
+    summary = pc.train(tiny_args(tmp_path / "run", env_id="Pendulum-v1"))
+    ckpt = torch.load(Path(summary["run_dir"]) / "ppo_continuous_last.pt", weights_only=True)
+    renamed = {
+        "policy_head.weight": "actor.4.weight",
+        "policy_head.bias": "actor.4.bias",
+        "policy_head.log_std": "policy.log_std",
+    }
+    ckpt["agent"] = {renamed.get(k, k): v for k, v in ckpt["agent"].items()}
+    torch.save(ckpt, tmp_path / "earlier.pt")
+    with pytest.raises(
+        pc.ConfigError, match=r"was written by an earlier ppo_continuous\.py, whose weights are named otherwise"
+    ):
+        pc.set_up(pc.Args(eval_only=True, checkpoint=str(tmp_path / "earlier.pt"), output_dir=str(tmp_path), cuda=False))

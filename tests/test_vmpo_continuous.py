@@ -1048,3 +1048,14 @@ def test_every_option_trains_a_walker_with_finite_losses(option, tmp_path):
         assert len(scalars[tag]) == 3 and all(math.isfinite(v) for _, v in scalars[tag]), (tag, scalars[tag])
     saved = torch.load(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), weights_only=True)["args"]
     assert all(saved[k] == v for k, v in option.items())
+
+
+def test_an_earlier_beta_checkpoint_that_saved_init_log_std_0_still_loads(tmp_path):
+    """Earlier versions saved --init-log-std 0.0 whatever the family; the Beta has no std, and its checkpoint loads."""
+    out = V.train(tiny_args(policy="beta", rpo_alpha=None, init_log_std=None, output_dir=str(tmp_path / "run")))
+    ckpt = torch.load(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), weights_only=True)
+    ckpt["args"]["init_log_std"] = 0.0
+    torch.save(ckpt, tmp_path / "earlier.pt")
+    run = V.set_up(V.Args(eval_only=True, checkpoint=str(tmp_path / "earlier.pt"), output_dir=str(tmp_path), cuda=False))
+    run.close()
+    assert (run.args.policy, run.args.init_log_std) == ("beta", None)
