@@ -4,7 +4,8 @@
 - the command-line shapes they share (`-- <script args>` pass-through, config tags,
   step budgets such as `200k` or `1M`);
 - the results CSV: its columns, a locked atomic writer, a typed reader;
-- reading the evaluation curve of one run back from its TensorBoard events, also while it runs.
+- reading the evaluation curve of one run back from its TensorBoard events, also while it runs;
+- where a row comes from: the script's commit and blob, the hash of the run's args, the package versions.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import csv
 import fcntl
+import hashlib
 import importlib.util
+import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -29,11 +33,19 @@ DEFAULT_TAG = "default"
 # TensorBoard event (the script opening its writer), so it includes the evaluations.
 # train_return: the mean return of the last 10 training episodes that ended by the evaluation's step (the measure of
 # published training curves), empty when none had ended or in rows written before the column existed.
+# Which code made a row (issue 74), the same on every row of a run: `commit`, the script's repository at the run's start
+# (`git rev-parse HEAD`, `-dirty` when tracked files had uncommitted changes); `script`, the git blob id of the script
+# file that ran (what `git hash-object` prints; names the code exactly even on a dirty tree); `args_hash`, the
+# `args_hash()` of the args the run recorded; `versions`, `package_versions()`. Rows from before run.py wrote them, and
+# whatever could not be recovered for them, read `unknown`.
+SOURCE_FIELDS = ("commit", "script", "args_hash", "versions")
+UNKNOWN = "unknown"
 RESULT_FIELDS = (
     *("algo", "tag", "env", "seed", "budget", "step", "wall_time", "eval_return", "eval_std", "train_return"),
     *("backend", "cpu"),  # where the run trained: its resolved --env-backend and the machine's CPU model
+    *SOURCE_FIELDS,
 )
-NEWER_RESULT_FIELDS = ("train_return", "backend", "cpu")  # older results files lack them; read as unknown
+NEWER_RESULT_FIELDS = ("train_return", "backend", "cpu", *SOURCE_FIELDS)  # older results files lack them; read as unknown
 TRAIN_EPISODES = 10
 RUN_KEY = ("algo", "tag", "env", "seed", "budget")  # the columns naming one run
 
@@ -320,6 +332,7 @@ def read_results(paths: Iterable[Path]) -> list[dict]:
             rows.append(
                 {
                     **r,
+                    **{f: r.get(f) or UNKNOWN for f in SOURCE_FIELDS},  # an older file, or a row it had before them
                     "seed": int(r["seed"]),
                     "budget": int(r["budget"]),
                     "step": int(r["step"]),
@@ -405,3 +418,79 @@ def cpu_model() -> str:
 def read_eval_curve(run_dir: Path) -> list[dict]:
     """Evaluations logged by one (finished) run: [{step, wall_time, eval_return, eval_std, train_return}], by step."""
     return EvalReader(run_dir).read()
+
+
+# --- Where a row comes from (issue 74) ---------------------------------------------------------------------------------
+
+# Args fields left out of `args_hash`: the row's own columns (seed, env_id, total_timesteps; env_backend resolved is the
+# `backend` column), and what does not change what a run learns: names, logging and video, the evaluation (it draws on
+# its own generator and envs, training's RNG untouched), checkpoint paths, and where the run computes (threads: the
+# same numbers on any thread count; --cuda falls back to the CPU where no GPU is). Close to the scripts' RUN_FIELDS, but
+# `max_episode_steps` (in RUN_FIELDS) stays in: it ends the training episodes. A field not named here enters the hash.
+UNHASHED_ARGS = frozenset(
+    {
+        *("seed", "env_id", "total_timesteps", "env_backend"),
+        *("exp_name", "output_dir", "track", "wandb_project_name", "wandb_entity", "capture_video"),
+        *("eval_interval", "eval_episodes", "checkpoint", "eval_only", "resume", "torch_threads", "cuda"),
+    }
+)
+# The packages whose versions change a run's numbers (the network's kernels, the physics, the env ports, the RNGs).
+VERSIONED_PACKAGES = ("torch", "numpy", "gymnasium", "mujoco", "dm_control", "envpool")
+
+
+def args_hash(args: dict) -> str:
+    """10 hex digits of sha256 over the learning args of a run, `{field: str(value)}` for every field not in
+    `UNHASHED_ARGS`, as sorted JSON. The values as text (a tuple as `(64, 64)`), as the scripts' `hyperparameters` table
+    writes them, so a checkpoint's args and that table give the same hash."""
+    text = {k: str(tuple(v) if isinstance(v, list) else v) for k, v in args.items() if k not in UNHASHED_ARGS}
+    return hashlib.sha256(json.dumps(text, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def read_run_args(run_dir: Path) -> dict | None:
+    """The resolved args a finished run recorded (after `--policy auto` and the like were resolved): the "args" of its
+    `<script>_last.pt` checkpoint, else its TensorBoard `hyperparameters` table; None when it left neither."""
+    for checkpoint in sorted(Path(run_dir).glob("*_last.pt")):
+        import torch
+
+        with contextlib.suppress(Exception):  # unreadable: the table below holds the same args
+            return dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["args"])
+    return read_hyperparameters(run_dir) or None
+
+
+def package_versions() -> str:
+    """`torch=2.13.0+cpu numpy=... envpool=none`: this interpreter's versions of `VERSIONED_PACKAGES` (run.py starts the
+    scripts with the same interpreter); `none` where one is not installed."""
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "none"
+
+    return " ".join(f"{name}={version(name)}" for name in VERSIONED_PACKAGES)
+
+
+def blob_id(data: bytes) -> str:
+    """The git blob id of a file's bytes, as `git hash-object FILE` prints it."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def git(*args: str, cwd: Path = ROOT) -> str | None:
+    """`git <args>` in `cwd`, its stdout stripped; None when git fails or is missing."""
+    try:
+        proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.decode(errors="replace").strip() if proc.returncode == 0 else None
+
+
+def script_source(script: Path) -> dict[str, str]:
+    """`commit` and `script` for rows of a run of `script` starting now: the commit of the script's own repository (a
+    worktree's, for a patch screened there), `-dirty` when its tracked files have uncommitted changes (`unknown` outside
+    a git repository), and the script file's blob id."""
+    script = Path(script).resolve()
+    commit = git("rev-parse", "HEAD", cwd=script.parent)
+    if commit is not None and git("--no-optional-locks", "status", "--porcelain", "-uno", cwd=script.parent):
+        commit += "-dirty"
+    return {"commit": commit or UNKNOWN, "script": blob_id(script.read_bytes())}

@@ -32,6 +32,12 @@ evaluations (`common.RPO_FLAGSHIP`) as points, for the README. `results.md` link
 
 `--readme-table` prints the README's results table instead and writes nothing: each script's defaults on the seeds
 `README_ROWS` names, beside the reference implementations' figures (`common.REFERENCE_FINALS`) and the MuJoCo bars.
+
+Under every table, a line names the commits and args hashes of its runs (`common.SOURCE_FIELDS`; on stderr for
+`--readme-table`). Before anything is written, every table is checked for rows of one tag that ran different args
+hashes, or different learning code (`code_key`: the script's syntax tree without docstrings); `unknown` is a group of
+its own, so unknown rows beside known ones are a mix, and a table of unknown rows alone is not. A mix is refused with
+one line naming it, unless `--allow-mixed`, which reports it and names it under its table.
 """
 
 from __future__ import annotations
@@ -82,7 +88,7 @@ def fmt_train_return(values: list[float]) -> str:
     return "-" if not known else f"{np.mean(known):.1f}" + ("" if len(known) == len(values) else f" ({len(known)} seeds)")
 
 
-def table(groups: dict) -> str:
+def table(groups: dict, note: str = "") -> str:
     lines = [TABLE_HEADER]
     for (env, algo, tag, budget), seeds in groups.items():
         finals = [runs[-1] for runs in seeds.values()]
@@ -103,7 +109,7 @@ def table(groups: dict) -> str:
                 ]
             )
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ([note] if note else [])) + "\n"
 
 
 AGGREGATE_HEADER = (
@@ -112,19 +118,26 @@ AGGREGATE_HEADER = (
 )
 
 
-def final_returns(groups: dict, suite: list[tuple[str, int]]) -> dict[str, np.ndarray]:
-    """'algo [tag]' -> (seeds, tasks) final evaluations, for the configs that ran every (env, budget) of `suite`: the
-    first n seeds of each task, n the fewest the config has on any task."""
+def suite_runs(groups: dict, suite: list[tuple[str, int]]) -> dict[str, list[list[tuple[int, dict]]]]:
+    """'algo [tag]' -> per task of `suite`, the (seed, final row) of the runs that enter its aggregate: for the configs
+    that ran every (env, budget) of `suite`, the first n seeds of each task, n the fewest the config has on any task."""
     configs = {(algo, tag) for (_, algo, tag, _) in groups}
-    finals = {}
+    runs = {}
     for algo, tag in sorted(configs):
         per_task = [groups.get((env, algo, tag, budget)) for env, budget in suite]
         if any(seeds is None for seeds in per_task):
             continue
         n = min(len(seeds) for seeds in per_task)
-        values = [[runs[-1]["eval_return"] for runs in list(seeds.values())[:n]] for seeds in per_task]
-        finals[f"{algo} [{tag}]"] = np.array(values, float).T
-    return finals
+        runs[f"{algo} [{tag}]"] = [[(seed, rows[-1]) for seed, rows in list(seeds.items())[:n]] for seeds in per_task]
+    return runs
+
+
+def final_returns(groups: dict, suite: list[tuple[str, int]]) -> dict[str, np.ndarray]:
+    """'algo [tag]' -> (seeds, tasks) final evaluations of `suite_runs`."""
+    return {
+        name: np.array([[row["eval_return"] for _, row in task] for task in tasks], float).T
+        for name, tasks in suite_runs(groups, suite).items()
+    }
 
 
 def normalized_scores(groups: dict, suite: list[tuple[str, int]], bars: dict | None = None) -> dict[str, np.ndarray]:
@@ -160,8 +173,8 @@ def aggregate_cells(suite_name: str, scores: dict[str, np.ndarray], reps: int) -
     return rows
 
 
-def aggregate(groups: dict, out: Path, reps: int = 2000) -> str:
-    """The aggregate table (Markdown) and one performance-profile PNG per suite."""
+def aggregate(groups: dict, out: Path, reps: int = 2000, note: str = "") -> str:
+    """The aggregate table (Markdown) and one performance-profile PNG per suite. `note`: the line(s) under the table."""
     lines, profiles = [AGGREGATE_HEADER], []
     for suite_name, suite in common.AGGREGATE_SUITES.items():
         scores = normalized_scores(groups, suite)
@@ -170,6 +183,7 @@ def aggregate(groups: dict, out: Path, reps: int = 2000) -> str:
         lines += [" | ".join(cells) + " |" for cells in aggregate_cells(suite_name, scores, reps).values()]
         plot_profile(scores, out / f"profile_{suite_name}.png", f"{suite_name} suite: {', '.join(e for e, _ in suite)}")
         profiles.append(f"[{suite_name}](profile_{suite_name}.png)")
+    lines += [note] if note and len(lines) > 1 else []
     if profiles:
         lines += ["", f"Performance profiles: {', '.join(profiles)}."]
     return "\n".join(lines) + "\n"
@@ -188,8 +202,9 @@ TABLE22_HEADER = (
 )
 
 
-def table22(groups: dict, out: Path, reps: int = 2000) -> str:
-    """The table22 section (Markdown) and `<out>/profile_table22.png`; one line when no config ran all 22 tasks."""
+def table22(groups: dict, out: Path, reps: int = 2000, note: str = "") -> str:
+    """The table22 section (Markdown) and `<out>/profile_table22.png`; one line when no config ran all 22 tasks. `note`:
+    the line(s) under the table (its sources)."""
     suite = [(env, TABLE22_BUDGET) for env in common.SUITE_22]
     rpo_bars = {(env, budget): common.PUBLISHED_8M[env][1] for env, budget in suite}
     scores = normalized_scores(groups, suite, rpo_bars)
@@ -202,6 +217,7 @@ def table22(groups: dict, out: Path, reps: int = 2000) -> str:
         at_or_above = int((finals[name].mean(axis=0) >= ppo).sum())
         lines.append(" | ".join([*cells, f"{at_or_above}/{len(suite)} |"]))
     plot_profile(scores, out / "profile_table22.png", "table22: 22 dm_control tasks at 1M", "CleanRL's RPO 8M return")
+    lines += [note] if note else []
     lines += ["", "Performance profile: [table22](profile_table22.png)."]
     return "\n".join(lines) + "\n"
 
@@ -222,21 +238,30 @@ TABLE30_HEADER = (
 CONTROL_RUNS_OF = {"policy gaussian": "defaults"}
 
 
-def table30(groups: dict, reps: int = 2000) -> str:
-    """The table30 section (Markdown): issue 56's decision rule over the 22 control tasks and the 8 MuJoCo tasks. The
-    default is the qualifying config with the highest 30-task IQM; one line when no config ran all 30 tasks."""
-    from rliable import metrics
+TABLE30_CONTROL = [(env, TABLE22_BUDGET) for env in common.SUITE_22]
 
-    control = [(env, TABLE22_BUDGET) for env in common.SUITE_22]
-    mujoco = list(common.MUJOCO_BARS)
-    bars = {(env, budget): common.PUBLISHED_8M[env][1] for env, budget in control} | common.MUJOCO_BARS
+
+def table30_groups(groups: dict) -> dict:
+    """`groups` with the control-suite runs `CONTROL_RUNS_OF` lends (a tag's own runs win over borrowed ones)."""
     borrowed = {
         (env, algo, alias, budget): seeds
         for (env, algo, tag, budget), seeds in groups.items()
         for alias, source in CONTROL_RUNS_OF.items()
         if tag == source and env in common.PUBLISHED_8M
     }
-    scores = normalized_scores(borrowed | groups, control + mujoco, bars)  # a tag's own runs win over borrowed ones
+    return borrowed | groups
+
+
+def table30(groups: dict, reps: int = 2000, note: str = "") -> str:
+    """The table30 section (Markdown): issue 56's decision rule over the 22 control tasks and the 8 MuJoCo tasks. The
+    default is the qualifying config with the highest 30-task IQM; one line when no config ran all 30 tasks. `note`: the
+    line(s) under the table (its sources)."""
+    from rliable import metrics
+
+    control = TABLE30_CONTROL
+    mujoco = list(common.MUJOCO_BARS)
+    bars = {(env, budget): common.PUBLISHED_8M[env][1] for env, budget in control} | common.MUJOCO_BARS
+    scores = normalized_scores(table30_groups(groups), control + mujoco, bars)
     if not scores:
         return f"table30: no algo/tag has runs at 1M on all {len(control) + len(mujoco)} tasks\n"
     lines = [TABLE30_HEADER]
@@ -248,7 +273,182 @@ def table30(groups: dict, reps: int = 2000) -> str:
         qualifies = control_iqm >= RULE_CONTROL_IQM and per_task[lowest] >= RULE_MUJOCO_FLOOR
         cells += [f"{control_iqm:.3f}", f"{mujoco[lowest][0]} {per_task[lowest]:.2f}", "yes |" if qualifies else "no |"]
         lines.append(" | ".join(cells))
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ([note] if note else [])) + "\n"
+
+
+# --- Where each number comes from (issue 74) ---------------------------------------------------------------------------
+# Every table is checked, before anything is written, for rows of one tag that ran different args or different learning
+# code, and names the commits and args hashes behind it in a line under it. A "part" is a set of runs that must share
+# one args hash: a row of the results table (its seeds), a config's runs in an aggregate (all its tasks), each suite of
+# a composite table on its own (`--policy auto` resolves to another family, so another args hash, on the MuJoCo tasks
+# than on the control suite), a cell of the README's table. All the parts of a table row share one learning code.
+COMPOSITE_PARTS = {"short+mujoco": len(common.AGGREGATE_SUITES["short"]), "table30": len(TABLE30_CONTROL)}
+UNKNOWN_NOTE = "written before run.py recorded sources, and not recovered since"
+_code_keys: dict[tuple[str, str, str], str] = {}
+
+
+def learning_code(text: str) -> str:
+    """10 hex digits of sha256 over a script's syntax tree without its docstrings (every statement that is a bare
+    constant, a docstring or `...`): comments, docstrings and layout leave it unchanged; any other change changes it."""
+    import ast
+    import hashlib
+
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            node.body = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))] or [
+                ast.Pass()
+            ]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:10]
+
+
+def code_key(row: dict) -> str:
+    """What two runs must share to count as the same learning code: the script's syntax tree without docstrings
+    (`learning_code`) where its text can be read from git (the `script` blob a run recorded, or `<algo>.py` at a clean
+    commit), else the recorded blob itself (a dirty tree's script), else the commit (`unknown`: one group of its own)."""
+    commit, blob, algo = row["commit"], row["script"], row["algo"]
+    if (commit, blob, algo) not in _code_keys:
+        found = blob
+        if found == common.UNKNOWN and commit != common.UNKNOWN and not commit.endswith("-dirty"):
+            found = common.git("rev-parse", "--verify", "--quiet", f"{commit}:{algo}.py") or common.UNKNOWN
+        key = commit
+        if found != common.UNKNOWN:
+            text = common.git("cat-file", "blob", found)
+            try:
+                key = f"code {learning_code(text)}" if text is not None else f"script {found[:10]}"
+            except SyntaxError:
+                key = f"script {found[:10]}"
+        _code_keys[(commit, blob, algo)] = key
+    return _code_keys[(commit, blob, algo)]
+
+
+def short_commit(commit: str) -> str:
+    return commit if commit == common.UNKNOWN else commit[:10] + ("-dirty" if commit.endswith("-dirty") else "")
+
+
+def fmt_runs(runs: list[tuple[str, int, dict]]) -> str:
+    """`dm_control/walker/walk 1M seeds 1, 2, Ant-v5 1M seed 3` (a run's task label may be empty: `seeds 1, 2`)."""
+    by_task = defaultdict(list)
+    for task, seed, _ in runs:
+        by_task[task].append(seed)
+    return ", ".join(
+        f"{task + ' ' if task else ''}seed{'s' * (len(seeds) > 1)} {', '.join(map(str, sorted(seeds)))}"
+        for task, seeds in by_task.items()
+    )
+
+
+def code_name(runs: list[tuple[str, int, dict]]) -> str:
+    """`commit 7cdbdc998b`, or `commit 7cdbdc998b-dirty (script 1a2b3c4d5e)` where only the blob tells the code apart."""
+    key = code_key(runs[0][2])
+    script = f" (script {key.split()[1]})" if key.startswith("script ") else ""
+    return "commit " + ", ".join(sorted({short_commit(r["commit"]) for *_, r in runs})) + script
+
+
+def mixed_sources(parts: list[list[tuple[str, int, dict]]]) -> list[str]:
+    """A description for each part whose runs have more than one args hash, and one if the runs of all the parts
+    together have more than one learning code (`code_key`: the code does not depend on the task, the resolved args can).
+    `unknown` is a group of its own, so runs all unknown are not mixed, and unknown runs beside known ones are."""
+    checks = [
+        (part, "args hashes differ", lambda r: r["args_hash"], lambda runs: f"args {runs[0][2]['args_hash']}")
+        for part in parts
+    ]
+    checks.append(([run for part in parts for run in part], "learning code differs", code_key, code_name))
+    found = []
+    for runs, what, key, name in checks:
+        groups = defaultdict(list)
+        for run in runs:
+            groups[key(run[2])].append(run)
+        if len(groups) > 1:
+            named = [f"{name(group)} on {fmt_runs(group)}" for group in groups.values()]
+            unknown = " (unknown: " + UNKNOWN_NOTE + ")" if common.UNKNOWN in groups else ""
+            found.append(f"{what}: " + "; ".join(named) + unknown)
+    return found
+
+
+def table_parts(groups: dict) -> dict[str, list[tuple[str, list[list[tuple[str, int, dict]]]]]]:
+    """table -> [(row label, parts)] for the tables results.md holds: each part a list of (task, seed, final row)."""
+    tables = {"results table": []}
+    for (env, algo, tag, budget), seeds in groups.items():
+        part = [("", seed, runs[-1]) for seed, runs in seeds.items()]
+        tables["results table"].append((f"{algo} [{tag}] {env} {fmt_budget(budget)}", [part]))
+
+    def config_parts(table: str, suite: list[tuple[str, int]], source: dict, split: int | None) -> list:
+        rows = []
+        for name, tasks in suite_runs(source, suite).items():
+            runs = [
+                [(f"{env} {fmt_budget(budget)}", seed, row) for seed, row in task]
+                for (env, budget), task in zip(suite, tasks, strict=True)
+            ]
+            flat = [[run for task in part for run in task] for part in ((runs[:split], runs[split:]) if split else (runs,))]
+            rows.append((f"{table}, {name}", flat))
+        return rows
+
+    tables["aggregate"] = [
+        row
+        for suite_name, suite in common.AGGREGATE_SUITES.items()
+        for row in config_parts(suite_name, suite, groups, COMPOSITE_PARTS.get(suite_name))
+    ]
+    suite22 = [(env, TABLE22_BUDGET) for env in common.SUITE_22]
+    tables["table22"] = config_parts("table22", suite22, groups, None)
+    mujoco = list(common.MUJOCO_BARS)
+    tables["table30"] = config_parts("table30", TABLE30_CONTROL + mujoco, table30_groups(groups), COMPOSITE_PARTS["table30"])
+    return tables
+
+
+def readme_parts(groups: dict) -> list[tuple[str, list[list[tuple[str, int, dict]]]]]:
+    """[(cell label, [part])] for the README's table: a script's runs on the seeds of a `README_ROWS` row."""
+    cells = []
+    for env, budget, seeds, scripts in README_ROWS:
+        fresh = min(seeds) >= common.FRESH_SEEDS_FROM
+        for algo in scripts:
+            tag = README_TAGS[algo] + (FRESH if fresh else "")
+            runs = groups.get((env, algo, tag, budget), {})
+            part = [("", s, runs[s][-1]) for s in seeds if s in runs]
+            cells.append((f"README table, {algo} [{tag}] {env} {fmt_budget(budget)}", [part]))
+    return cells
+
+
+def check_sources(tables: dict[str, list], allow_mixed: bool) -> dict[str, list[str]]:
+    """table -> its mixed rows ('label: what differs'); a BenchmarkError of one line naming them unless `allow_mixed`."""
+    mixed = {name: [f"{label}: {m}" for label, parts in rows for m in mixed_sources(parts)] for name, rows in tables.items()}
+    every = [f"{name}: {m}" for name, found in mixed.items() for m in found]
+    if every and not allow_mixed:
+        more = f" (and {len(every) - 1} more)" if len(every) > 1 else ""
+        raise common.BenchmarkError(
+            f"{every[0]}{more}. Rows of one tag must come from one args hash and one learning code: rerun the odd runs or "
+            "give them their own tag, or pass --allow-mixed to report them anyway, each mix named under its table"
+        )
+    return mixed
+
+
+def fmt_counts(values: list[str]) -> str:
+    counts = defaultdict(int)
+    for v in values:
+        counts[v] += 1
+    return ", ".join(f"{v} ({n:,})" for v, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def sources_note(rows: list[tuple[str, list]], mixed: list[str]) -> str:
+    """The line under a table: the commits and args hashes of the runs behind it, with how many runs each; then, under
+    --allow-mixed, each of its rows whose runs differ."""
+    runs = {}
+    for _, parts in rows:
+        for part in parts:
+            for _, _, row in part:
+                runs[(row["algo"], row["tag"], row["env"], row["budget"], row["seed"])] = row
+    if not runs:
+        return ""
+    line = (
+        f"\nSources of its {len(runs):,} runs: commit {fmt_counts([short_commit(r['commit']) for r in runs.values()])};"
+        f" args hash {fmt_counts([r['args_hash'] for r in runs.values()])}"
+        + (
+            f" (unknown: {UNKNOWN_NOTE})."
+            if any(common.UNKNOWN in (r["commit"], r["args_hash"]) for r in runs.values())
+            else "."
+        )
+    )
+    return line + ("\n\n**Mixed sources (--allow-mixed):** " + " | ".join(mixed) if mixed else "")
 
 
 # The README's results table (`--readme-table`): one row per task and budget, with the seeds its figures stand on and
@@ -431,24 +631,39 @@ def main() -> int:
     p.add_argument(
         "--readme-table", action="store_true", help="print the README's results table (README_ROWS) and write nothing"
     )
+    p.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="report a table whose rows of one tag differ in args hash or learning code (named under the table) "
+        "instead of refusing it",
+    )
     args = p.parse_args()
     rows = common.read_results(args.csv)
     if not rows:
         raise common.BenchmarkError(f"no result rows in {[str(c) for c in args.csv]}")
     groups = group_runs(rows)
     if args.readme_table:
+        cells = readme_parts(groups)
+        mixed = check_sources({"README table": cells}, args.allow_mixed)["README table"]
         print(readme_table(groups), end="")
+        print(sources_note(cells, mixed).strip(), file=sys.stderr)  # stdout stays the table README.md holds
         return 0
+    tables = table_parts(groups)
+    mixed = check_sources(tables, args.allow_mixed)  # before anything is written
+
+    def note(name: str) -> str:
+        return sources_note(tables[name], mixed[name])
+
     out = args.out or args.csv[0].parent
     out.mkdir(parents=True, exist_ok=True)
     envs = sorted({k[0] for k in groups})
-    md = table(groups)
+    md = table(groups, note("results table"))
     md += "\nLearning curves: " + ", ".join(f"[{env}](curves/curves_{common.slug(env)}.png)" for env in envs) + ".\n"
-    summary = aggregate(groups, out)
+    summary = aggregate(groups, out, note=note("aggregate"))
     if summary.count("\n") > 2:
         md += "\n" + summary
-    md += "\n" + table22(groups, out)
-    md += "\n" + table30(groups)
+    md += "\n" + table22(groups, out, note=note("table22"))
+    md += "\n" + table30(groups, note=note("table30"))
     flagship = flagship_groups(groups)
     if flagship:
         md += "\nThe README's picture, walker/walk under each script's defaults beside RPO: [flagship](flagship.png).\n"

@@ -7,7 +7,8 @@ Each run is the script's real command line in its own process (`--jobs`, default
 core), with its own `--output-dir`. When it finishes, its evaluations are read back from
 the TensorBoard events (`eval/return_mean`, `eval/return_std`) and written to the CSV, one
 row per evaluation (columns in `common.RESULT_FIELDS`: with the training backend and the CPU model, so a figure
-can be traced to where it was made), and the run is marked done.
+can be traced to where it was made, and its source: the script's commit and blob at the run's start, the hash of the
+args the run recorded in its checkpoint, the package versions), and the run is marked done.
 
 Resumable: the same command again skips finished runs; a run that was killed halfway
 (no done marker) is deleted and redone, and its rows replace any it left in the CSV.
@@ -97,6 +98,7 @@ class Runner:
         # One thread per process when the cores are shared out, unless the user chose otherwise.
         # The scripts' update and EnvPool (--torch-threads 0) follow it.
         self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
+        self.versions = common.package_versions()  # the scripts run on this interpreter
 
     def say(self, msg: str) -> None:
         with self.lock:
@@ -117,8 +119,10 @@ class Runner:
             *self.extra,
         ]
 
-    def record(self, run: Run) -> list[dict]:
-        """Read the run's evaluations back from its TensorBoard events into CSV rows (replacing old ones)."""
+    def record(self, run: Run, source: dict) -> list[dict]:
+        """Read the run's evaluations back from its TensorBoard events into CSV rows (replacing old ones). `source`: the
+        commit, script blob and package versions of the run's start (`unknown` where a run finished before run.py
+        recorded them); the args hash comes from what the run itself recorded."""
         run_dirs = sorted((d for d in (run.dir / "tb").glob("*") if d.is_dir()), key=lambda d: d.stat().st_mtime)
         curve = common.read_eval_curve(run_dirs[-1]) if run_dirs else []
         if not curve:
@@ -126,6 +130,9 @@ class Runner:
         # A script without --env-backend (ppo_discrete.py) steps gymnasium's envs.
         backend = common.read_hyperparameters(run_dirs[-1]).get("env_backend", "gymnasium")
         cpu = common.cpu_model()
+        args = common.read_run_args(run_dirs[-1])
+        source = {f: source.get(f, common.UNKNOWN) for f in ("commit", "script", "versions")}
+        source["args_hash"] = common.args_hash(args) if args else common.UNKNOWN
         rows = [
             {
                 **run.key,
@@ -136,6 +143,7 @@ class Runner:
                 "train_return": "" if math.isnan(p["train_return"]) else round(p["train_return"], 4),
                 "backend": backend,
                 "cpu": cpu,
+                **source,
             }
             for p in curve
         ]
@@ -148,6 +156,7 @@ class Runner:
             shutil.rmtree(run.dir)  # a run killed halfway: start it again
         run.dir.mkdir(parents=True)
         start = time.time()
+        source = {**common.script_source(self.args.script), "versions": self.versions}  # the code this run starts on
         with open(run.dir / "log.txt", "w") as log:
             proc = subprocess.Popen(self.command(run), cwd=run.dir, env=self.env, stdout=log, stderr=subprocess.STDOUT)
             with self.lock:
@@ -160,7 +169,7 @@ class Runner:
             self.say(f"FAILED {run}: exit code {rc}, log {run.dir / 'log.txt'}:\n    " + "\n    ".join(tail))
             return False
         try:
-            rows = self.record(run)
+            rows = self.record(run, source)
         except common.BenchmarkError as e:
             self.say(f"FAILED {e}")
             return False
@@ -170,6 +179,7 @@ class Runner:
                 {
                     **run.key,
                     "extra_args": self.extra,
+                    "source": source,
                     "rows": len(rows),
                     "final_step": final["step"],
                     "final_eval_return": final["eval_return"],
@@ -188,7 +198,7 @@ class Runner:
         have = {tuple(r[k] for k in common.RUN_KEY) for r in existing}
         for run in runs:
             if run not in todo and tuple(str(v) for v in run.key.values()) not in have:
-                self.record(run)
+                self.record(run, json.loads(run.done_file.read_text()).get("source", {}))
         self.say(
             f"{len(runs)} runs: {len(runs) - len(todo)} already done, {len(todo)} to run "
             f"with {self.args.jobs} jobs of {self.env['OMP_NUM_THREADS']} threads each -> {self.args.out}"

@@ -5,10 +5,14 @@ computation, PNGs read back) and the throughput tool (both SPS figures and their
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import pstats
 import re
+import shutil
 import statistics
+import subprocess
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +74,7 @@ def test_runner_writes_one_row_per_evaluation(grid):
     out, _, runs = grid
     rows = read_csv(out)
     fields = ["algo", "tag", "env", "seed", "budget", "step", "wall_time", "eval_return", "eval_std", "train_return"]
-    assert list(rows[0]) == [*fields, "backend", "cpu"]
+    assert list(rows[0]) == [*fields, "backend", "cpu", "commit", "script", "args_hash", "versions"]
     assert {r["backend"] for r in rows} == {"gymnasium"}  # ppo_discrete.py has no --env-backend: gymnasium's envs
     cpus = {r["cpu"] for r in rows}
     assert len(cpus) == 1 and cpus.pop(), cpus
@@ -89,6 +93,90 @@ def test_runner_writes_one_row_per_evaluation(grid):
         walls = [float(r["wall_time"]) for r in mine]
         assert 0 < walls[0] < walls[1] < json.loads((run / "done.json").read_text())["seconds"]
     assert len(rows) == 4
+
+
+def git_out(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+# The args that do not enter the hash (benchmarks/README.md): the row's own columns, and what does not change learning.
+UNHASHED = {"seed", "env_id", "total_timesteps", "env_backend", "exp_name", "output_dir", "track", "wandb_project_name"}
+UNHASHED |= {"wandb_entity", "capture_video", "eval_interval", "eval_episodes", "checkpoint", "eval_only", "resume"}
+UNHASHED |= {"torch_threads", "cuda"}
+
+
+def expected_args_hash(run_dir: Path) -> str:
+    """The hash written out: sha256 of the sorted JSON of every other field of the checkpoint's args, as text."""
+    import torch
+
+    args = torch.load(run_dir / "ppo_discrete_last.pt", weights_only=True)["args"]
+    text = {k: str(tuple(v) if isinstance(v, list) else v) for k, v in args.items() if k not in UNHASHED}
+    return hashlib.sha256(json.dumps(text, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def package_versions() -> str:
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "none"
+
+    return " ".join(f"{name}={version(name)}" for name in ("torch", "numpy", "gymnasium", "mujoco", "dm_control", "envpool"))
+
+
+def test_runner_records_where_each_row_comes_from(grid):
+    """Every row names the commit it ran at (with -dirty when tracked files had changes), the script's blob, the hash of
+    the args its run recorded in its checkpoint (the same for both seeds: seed, budget and env are columns of their
+    own), and the package versions; done.json keeps the same source for a read-back."""
+    out, _, runs = grid
+    rows = read_csv(out)
+    commit = git_out("rev-parse", "HEAD") + (
+        "-dirty" if git_out("--no-optional-locks", "status", "--porcelain", "-uno") else ""
+    )
+    assert {r["commit"] for r in rows} == {commit}
+    (script,) = {r["script"] for r in rows}  # the exact blob is checked on a script of the test's own (below), since
+    assert re.fullmatch(r"[0-9a-f]{40}", script)  # another engineer may edit ppo_discrete.py while this runs
+    assert {r["versions"] for r in rows} == {package_versions()}
+    hashes = {}
+    for seed, run in runs.items():
+        (hashes[seed],) = {r["args_hash"] for r in rows if r["seed"] == str(seed)}
+        assert hashes[seed] == expected_args_hash(single_run_dir(run / "tb")), seed
+        source = json.loads((run / "done.json").read_text())["source"]
+        assert source == {"commit": commit, "script": script, "versions": package_versions()}
+    assert hashes[1] == hashes[2]
+
+
+def test_args_hash_leaves_out_what_does_not_change_learning(common):
+    args = {"seed": 1, "env_id": "CartPole-v1", "gamma": 0.99, "hidden_sizes": (64, 64), "output_dir": "a"}
+    same = {**args, "seed": 2, "env_id": "Acrobot-v1", "output_dir": "b", "eval_interval": 5, "torch_threads": 3}
+    assert common.args_hash(args) == common.args_hash(same) == common.args_hash({**args, "hidden_sizes": [64, 64]})
+    assert common.args_hash({**args, "gamma": 0.98}) != common.args_hash(args)
+    assert common.args_hash({**args, "max_episode_steps": 100}) != common.args_hash(args)  # it ends episodes
+
+
+def test_runner_records_the_commit_of_a_script_outside_the_repository(grid, tmp_path):
+    """`--algo PATH` to a script in another repository (a patch screened in a worktree): that repository's commit, with
+    -dirty since the script has uncommitted changes, and the patched file's blob; its args hash is the grid's (same
+    args; the budget is a column of its own)."""
+    repo = tmp_path / "patch"
+    repo.mkdir()
+    shutil.copy(ROOT / "ppo_discrete.py", repo)
+    git_out("init", "-q", cwd=repo)
+    git_out("add", "ppo_discrete.py", cwd=repo)
+    git_out("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "base", cwd=repo)
+    head = git_out("rev-parse", "HEAD", cwd=repo)
+    script = repo / "ppo_discrete.py"
+    script.write_text(script.read_text() + "# a patch\n")
+    data = script.read_bytes()
+    blob = hashlib.sha1(f"blob {len(data)}\0".encode() + data).hexdigest()
+    out = tmp_path / "r.csv"
+    proc = bench(
+        "run.py", "--algo", script, "--env", "CartPole-v1", "--budget", 1024, "--out", out, "--tag", TAG, "--", *SCRIPT_ARGS
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = read_csv(out)
+    assert {(r["commit"], r["script"]) for r in rows} == {(head + "-dirty", blob)}
+    assert {r["args_hash"] for r in rows} == {r["args_hash"] for r in read_csv(grid[0])}
 
 
 @pytest.fixture
@@ -118,10 +206,11 @@ def test_config_tag_names_options_without_dashes_and_keeps_a_numbers_sign(common
 def test_results_file_of_an_older_version_gains_the_new_columns_empty(tmp_path, common):
     path = tmp_path / "old.csv"
     path.write_text(RESULT_HEADER.strip() + ",train_return\n" + "ppo_continuous,defaults,Ant-v5,1,100,100,5,-3.5,1,-4\n")
+    source = ["abc-dirty", "b" * 40, "0123456789", "torch=1"]
     new = dict(
         zip(
             common.RESULT_FIELDS,
-            ["vmpo_continuous", "defaults", "Ant-v5", 1, 100, 100, 6, 2.5, 1, 2, "envpool", "X"],
+            ["vmpo_continuous", "defaults", "Ant-v5", 1, 100, 100, 6, 2.5, 1, 2, "envpool", "X", *source],
             strict=True,
         )
     )
@@ -132,6 +221,8 @@ def test_results_file_of_an_older_version_gains_the_new_columns_empty(tmp_path, 
         ("ppo_continuous", "-3.5", "-4", "", ""),
         ("vmpo_continuous", "2.5", "2", "envpool", "X"),
     ]
+    # the old row's source was never recorded: empty in the file, `unknown` to the tools
+    assert [[r[f] for f in common.SOURCE_FIELDS] for r in common.read_results([path])] == [["unknown"] * 4, source]
     path.write_text("algo,return\nppo_continuous,1\n")  # not an older results file: refused, unchanged
     with pytest.raises(common.BenchmarkError, match="has columns"):
         common.write_rows(path, common.RESULT_FIELDS, [new])
@@ -450,6 +541,135 @@ def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path, common):
 
     image = matplotlib.image.imread(tmp_path / "report" / "flagship.png")
     assert image.shape[1] >= 700 and image[..., :3].std() > 0.05
+
+
+SOURCED_HEADER = RESULT_HEADER.strip() + ",commit,script,args_hash,versions\n"
+
+
+def sourced_lines(tag: str, env: str, seed: int, budget: int, commit: str, args: str, script: str = "unknown") -> list[str]:
+    """One vmpo_continuous run's rows with their source columns."""
+    lines = run_lines("vmpo_continuous", tag, env, seed, budget, 100.0 * seed)
+    return [line.rstrip("\n") + f",{commit},{script},{args},torch=1\n" for line in lines]
+
+
+def test_report_refuses_a_tag_whose_runs_differ_in_args_hash(tmp_path):
+    """A row whose seeds ran two args hashes, one whose seeds are partly unknown, and a config whose short-suite tasks
+    each agree but differ from one another: refused with one line naming the first (tag, task, seeds, hashes) and the
+    count of the others, nothing written; --allow-mixed reports them, each named under its table. A tag whose runs are
+    all unknown, or that share one hash, is not mixed."""
+    walker, commit = "dm_control/walker/walk", "c" * 40
+    lines = []
+    for seed, args in ((1, "aaaaaaaaaa"), (2, "aaaaaaaaaa"), (3, "bbbbbbbbbb")):
+        lines += sourced_lines("defaults", walker, seed, 1_000_000, commit, args)
+    lines += sourced_lines("half", walker, 1, 1_000_000, commit, "aaaaaaaaaa")
+    lines += sourced_lines("half", walker, 2, 1_000_000, "unknown", "unknown")
+    for task, (budget, _) in SHORT.items():
+        for seed in (1, 2):
+            args = "cccccccccc" if task == "cartpole/balance" else "aaaaaaaaaa"
+            lines += sourced_lines("across", f"dm_control/{task}", seed, budget, commit, args)
+    for seed in (1, 2):
+        lines += sourced_lines("old", walker, seed, 1_000_000, "unknown", "unknown")
+        lines += sourced_lines("same", walker, seed, 1_000_000, commit, "aaaaaaaaaa")
+    (tmp_path / "m.csv").write_text(SOURCED_HEADER + "".join(lines))
+
+    proc = bench("report.py", tmp_path / "m.csv", "--out", tmp_path / "report")
+    (line,) = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and not (tmp_path / "report" / "results.md").exists()
+    assert line.startswith(
+        "error: results table: vmpo_continuous [defaults] dm_control/walker/walk 1M: args hashes differ: "
+        "args aaaaaaaaaa on seeds 1, 2; args bbbbbbbbbb on seed 3 (and 3 more)."
+    ), line
+    assert "--allow-mixed" in line
+
+    proc = bench("report.py", tmp_path / "m.csv", "--out", tmp_path / "report", "--allow-mixed")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    md = (tmp_path / "report" / "results.md").read_text()
+    mixed = [
+        m for line in md.splitlines() if line.startswith("**Mixed sources") for m in line.split(":** ", 1)[1].split(" | ")
+    ]
+    assert mixed == [
+        "vmpo_continuous [defaults] dm_control/walker/walk 1M: args hashes differ: args aaaaaaaaaa on seeds 1, 2; "
+        "args bbbbbbbbbb on seed 3",
+        "vmpo_continuous [half] dm_control/walker/walk 1M: args hashes differ: args aaaaaaaaaa on seed 1; args unknown on "
+        "seed 2 (unknown: written before run.py recorded sources, and not recovered since)",
+        "vmpo_continuous [half] dm_control/walker/walk 1M: learning code differs: commit cccccccccc on seed 1; commit "
+        "unknown on seed 2 (unknown: written before run.py recorded sources, and not recovered since)",
+        "short, vmpo_continuous [across]: args hashes differ: args cccccccccc on dm_control/cartpole/balance 200k seeds "
+        "1, 2; args aaaaaaaaaa on dm_control/cartpole/swingup 500k seeds 1, 2, dm_control/walker/walk 1M seeds 1, 2, "
+        "dm_control/finger/spin 500k seeds 1, 2, dm_control/ball_in_cup/catch 500k seeds 1, 2",
+    ]
+    sources = [line for line in md.splitlines() if line.startswith("Sources of its")]
+    assert sources[0] == (
+        "Sources of its 19 runs: commit cccccccccc (16), unknown (3); args hash aaaaaaaaaa (13), unknown (3), "
+        "cccccccccc (2), bbbbbbbbbb (1) (unknown: written before run.py recorded sources, and not recovered since)."
+    )
+
+
+def test_report_refuses_commits_whose_learning_code_differs(tmp_path):
+    """Commits count as the same code when the script's syntax tree without docstrings is the same: across a commit
+    that touches only docs and benchmarks (e36f78f, 7cdbdc9), or only the script's docstrings (368e364, a088d15); not
+    across the commit that changed V-MPO's default likelihood (d945bf6, d41f54b). Two dirty trees with different script
+    blobs differ; with the same blob they agree."""
+    try:
+        commits = {
+            c: git_out("rev-parse", f"{c}^{{commit}}") for c in "e36f78f 7cdbdc9 368e364 a088d15 d945bf6 d41f54b".split()
+        }
+    except subprocess.CalledProcessError:
+        pytest.skip("this checkout lacks the history these commits come from (a shallow clone)")
+    walker, lines = "dm_control/walker/walk", []
+    for tag, (first, second) in {
+        "docs-only": ("e36f78f", "7cdbdc9"),
+        "docstrings": ("368e364", "a088d15"),
+        "new-default": ("d945bf6", "d41f54b"),
+    }.items():
+        lines += sourced_lines(tag, walker, 1, 1_000_000, commits[first], "aaaaaaaaaa")
+        lines += sourced_lines(tag, walker, 2, 1_000_000, commits[second], "aaaaaaaaaa")
+    for tag, blobs in {"dirty": ("1" * 40, "2" * 40), "dirty-same": ("1" * 40, "1" * 40)}.items():
+        for seed, blob in enumerate(blobs, 1):
+            lines += sourced_lines(tag, walker, seed, 1_000_000, commits["7cdbdc9"] + "-dirty", "aaaaaaaaaa", blob)
+    (tmp_path / "c.csv").write_text(SOURCED_HEADER + "".join(lines))
+
+    proc = bench("report.py", tmp_path / "c.csv", "--out", tmp_path / "report")
+    (line,) = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and line.startswith(
+        "error: results table: vmpo_continuous [dirty] dm_control/walker/walk 1M: learning code differs: commit "
+        "7cdbdc998b-dirty (script 1111111111) on seed 1; commit 7cdbdc998b-dirty (script 2222222222) on seed 2 (and 1 "
+        "more)."  # one commit, two scripts: their blobs tell them apart
+    ), line
+    proc = bench("report.py", tmp_path / "c.csv", "--out", tmp_path / "report", "--allow-mixed")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    md = (tmp_path / "report" / "results.md").read_text()
+    (mixed,) = [line for line in md.splitlines() if line.startswith("**Mixed sources")]
+    assert [m.split(":")[0] for m in mixed.split(":** ", 1)[1].split(" | ")] == [
+        "vmpo_continuous [dirty] dm_control/walker/walk 1M",
+        "vmpo_continuous [new-default] dm_control/walker/walk 1M",
+    ]
+    assert "learning code differs: commit d945bf6c89 on seed 1; commit d41f54b852 on seed 2" in mixed
+
+
+def test_report_checks_a_composite_table_suite_by_suite_for_args_and_whole_for_code(tmp_path, common):
+    """`--policy auto` resolves to one family on the control suite and another on MuJoCo, so one config has two args
+    hashes there: short+mujoco takes them suite by suite. Its learning code must be one across both suites: the same
+    hashes with MuJoCo runs from before V-MPO's default changed (d945bf6 against d41f54b) are refused."""
+    try:
+        old, new = (git_out("rev-parse", f"{c}^{{commit}}") for c in ("d945bf6", "d41f54b"))
+    except subprocess.CalledProcessError:
+        pytest.skip("this checkout lacks the history these commits come from (a shallow clone)")
+    lines = []
+    for tag, mujoco_commit in (("auto", new), ("auto-old", old)):
+        for seed in (1, 2):
+            for task, (budget, _) in SHORT.items():
+                lines += sourced_lines(tag, f"dm_control/{task}", seed, budget, new, "aaaaaaaaaa")
+            for env, budget in common.MUJOCO_BARS:
+                lines += sourced_lines(tag, env, seed, budget, mujoco_commit, "bbbbbbbbbb")
+    (tmp_path / "a.csv").write_text(SOURCED_HEADER + "".join(lines))
+    proc = bench("report.py", tmp_path / "a.csv", "--out", tmp_path / "report")
+    (line,) = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and line.startswith(
+        "error: aggregate: short+mujoco, vmpo_continuous [auto-old]: learning code differs: commit d41f54b852 on "
+        "dm_control/cartpole/balance 200k seeds 1, 2, "
+    ), line
+    assert "commit d945bf6c89 on Ant-v5 1M seeds 1, 2, " in line and "(and" not in line  # nothing else is mixed
 
 
 def test_report_on_runner_results(grid, tmp_path):
