@@ -134,8 +134,9 @@ class Args:
     policy: Literal["auto", "gaussian", "beta"] = "auto"
     """the policy family (paper: a Gaussian). gaussian: the env clips its samples; beta: a Beta on the action box; auto:
     gaussian on dm_control/... tasks and on a box with an infinite bound, beta on any other env"""
-    m_step: Literal["seed", "clip"] = "clip"
-    """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's)"""
+    m_step: Literal["auto", "seed", "clip"] = "auto"
+    """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's);
+    auto: the family's, clip for the Gaussian, seed for the Beta (clip's push holds a concentration at its floor)"""
     m_step_clip: float = 0.2
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
     rpo_alpha: float | None = None
@@ -230,8 +231,6 @@ class BoxPolicy(nn.Module):
 class GaussianPolicy(BoxPolicy):
     """--policy gaussian, RPO's: u ~ N(mu_theta(s), sigma_theta(s)), the env plays a = clip(u). `params`: mean, log-std."""
 
-    pushed = True  # --m-step clip pushes it off the bottom k
-
     def __init__(self, features: int, action_space: gym.spaces.Box, init_log_std: float, ppo_like: bool):
         super().__init__(action_space)
         act_dim = action_space.shape[0]
@@ -300,8 +299,6 @@ class GaussianPolicy(BoxPolicy):
 class BetaPolicy(BoxPolicy):
     """--policy beta: u ~ Beta(alpha, beta), alpha, beta > 1 (never U-shaped), a = low + (high - low) u. `params`: logits."""
 
-    pushed = False  # the push off the bottom k drives a concentration to its floor of 1, where softplus's gradient vanishes
-
     def __init__(self, features: int, action_space: gym.spaces.Box, init_log_std: None, ppo_like: bool):
         super().__init__(action_space)
         self.logits = linear(features, 2 * action_space.shape[0], ppo_like, std=0.01)  # near 0: Beta(1.69, 1.69)
@@ -360,6 +357,7 @@ class BetaPolicy(BoxPolicy):
 
 POLICIES = {"gaussian": GaussianPolicy, "beta": BetaPolicy}
 RPO_ALPHA = {"gaussian": 0.5, "beta": 0.2}  # --rpo-alpha's default per family: the values the runs chose
+M_STEP = {"gaussian": "clip", "beta": "seed"}  # --m-step auto's, per family
 BETA_EPS = 1e-6
 UNBOUNDED = 1e6  # where an infinite bound of the action box stands
 
@@ -630,12 +628,11 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     optimizers["temperature"].zero_grad()
     estep["dual_loss"].backward()
     optimizers["temperature"].step()
-    # --m-step clip's push: the mirror E-step (same temperature and k, negated advantages) on the bottom k, if `pushed`.
-    family = agent.policy_head
+    # --m-step clip's push: the mirror E-step (same temperature and k, negated advantages), exp(-s_t) on the bottom k.
     # LaTeX: \psi^-_t \propto \bar{w}^-_t e^{-s_t}, \quad \bar{w}^-_t = w^{restart}_t [t \in \mathrm{BottomK}(s, k)]
-    bottom_k = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)
-    push_weights = family.pushed * bottom_k["weights"]
+    push_weights = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)["weights"]
     # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
+    family = agent.policy_head
     fields = {key: batch[key] for key in ("obs", "u", "params", "returns")}
     fields["old_log_prob"] = family.log_prob(batch["params"], batch["u"])
     fields["psi"], fields["psi_minus"] = args.num_minibatches * estep["weights"], args.num_minibatches * push_weights
@@ -733,7 +730,9 @@ def set_up(args: Args) -> Run:
         print(note)
         backend, note = choose_env_backend(args)
         print(note)
-        args = dataclasses.replace(args, policy=policy, rpo_alpha=rpo_alpha, init_log_std=init_log_std, env_backend=backend)
+        m_step = M_STEP[policy] if args.m_step == "auto" else args.m_step
+        resolved = dict(policy=policy, rpo_alpha=rpo_alpha, init_log_std=init_log_std, m_step=m_step, env_backend=backend)
+        args = dataclasses.replace(args, **resolved)
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)

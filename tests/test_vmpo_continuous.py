@@ -67,7 +67,8 @@ def tiny_args(**overrides) -> V.Args:
 def resolved(args: V.Args) -> V.Args:
     """`args` with --policy, --rpo-alpha and --init-log-std resolved, as set_up resolves them (on a bounded box)."""
     policy, rpo_alpha, init_log_std, _ = V.choose_policy(args, Box(-1.0, 1.0, (1,)))
-    return dataclasses.replace(args, policy=policy, rpo_alpha=rpo_alpha, init_log_std=init_log_std)
+    m_step = V.M_STEP[policy] if args.m_step == "auto" else args.m_step
+    return dataclasses.replace(args, policy=policy, rpo_alpha=rpo_alpha, init_log_std=init_log_std, m_step=m_step)
 
 
 # ---------------------------------------------------------------------------------
@@ -788,41 +789,43 @@ def probe_actions(run_dir: str, tmp_path) -> np.ndarray:
         return agent.policy_head.mean_action(agent.policy(obs)).numpy()[:, 0]
 
 
-def probe_5_beta(tmp_path, push: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The Beta's evaluated actions and (alpha, beta) at observations -1 and +1 after 19,200 steps of probe 5."""
-    out = V.train(probe_args("Probe5Continuous-v0", "beta", "clip", V.RPO_ALPHA["beta"], 19_200, tmp_path / str(push)))
-    agent, obs_rms = saved_policy(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), tmp_path / f"{push}-loaded")
+def probe_5_beta(tmp_path, m_step: str) -> tuple[np.ndarray, np.ndarray, float]:
+    """The Beta's evaluated actions, (alpha, beta) at observations -1 and +1 and the final evaluation return after 19,200
+    steps of probe 5 (the reward is 1 - (a - 0.5 obs)^2: 0.9975 is a miss of 0.05)."""
+    out = V.train(probe_args("Probe5Continuous-v0", "beta", m_step, V.RPO_ALPHA["beta"], 19_200, tmp_path / m_step))
+    agent, obs_rms = saved_policy(os.path.join(out["run_dir"], "vmpo_continuous_last.pt"), tmp_path / f"{m_step}-loaded")
     obs = torch.as_tensor(obs_rms.normalize(np.array([[-1.0], [1.0]])))
     with torch.no_grad():
         beta = agent.policy_head.distribution(agent.policy(obs))
         alpha, beta = beta.concentration1, beta.concentration0
         actions = agent.policy_head.mean_action(agent.policy(obs))
-    return actions.numpy()[:, 0], torch.cat([alpha, beta], -1).numpy()
+    return actions.numpy()[:, 0], torch.cat([alpha, beta], -1).numpy(), out["final_eval_return"]
 
 
-def test_the_default_beta_plays_probe_5s_targets_and_a_pushed_beta_would_not(tmp_path, monkeypatch):
-    """Probe 5 wants 0.5 * obs. The Beta is not pushed off the bottom k: its concentrations grow on both sides and its
-    mean plays the targets within 0.05 (a final evaluation return of at least 0.9975). Pushed as the Gaussian is, one
-    concentration falls to its floor of 1 (1 + softplus of a logit far below 0, where the gradient vanishes and the pull
-    cannot lift it): a density rising toward the bound, whose mean overshoots (0.59 at obs +1 on 2791f3f, -0.64 at -1 here)."""
+def test_the_default_beta_plays_probe_5s_targets_and_the_clip_m_steps_push_would_hold_it_at_a_floor(tmp_path):
+    """Probe 5 wants 0.5 * obs. The Beta's default M-step is the paper's (--m-step auto: seed): its concentrations grow
+    on both sides and its mean plays the targets within 0.05, a final evaluation return of at least 0.9975. Under
+    --m-step clip the push off the bottom k drives one concentration to its floor of 1 (1 + softplus of a logit far below
+    0, where the gradient vanishes and the pull cannot lift it): a density rising toward the bound, whose mean overshoots
+    (0.59 at obs +1 on 2791f3f, -0.64 at -1 here); the reason the Beta is not pushed."""
     torch.set_num_threads(1)
-    actions, concentrations = probe_5_beta(tmp_path, push=False)
-    assert concentrations.min() > 2.0, concentrations
+    assert V.M_STEP["beta"] == "seed" and V.Args().m_step == "auto"
+    actions, concentrations, final_return = probe_5_beta(tmp_path, V.M_STEP["beta"])
+    assert concentrations.min() > 2.0 and final_return >= 0.9975, (concentrations, final_return)
     np.testing.assert_allclose(actions, [-0.5, 0.5], atol=0.05)
-    monkeypatch.setattr(V.BetaPolicy, "pushed", True)
-    actions, concentrations = probe_5_beta(tmp_path, push=True)
+    actions, concentrations, _ = probe_5_beta(tmp_path, "clip")
     assert concentrations.min() < 1.05 and np.abs(actions - [-0.5, 0.5]).max() > 0.06, (actions, concentrations)
 
 
 @pytest.mark.parametrize(
     "policy,m_step,rpo_alpha",
-    [("gaussian", "seed", 0.0), ("gaussian", "clip", 0.0), ("gaussian", "clip", 0.5), ("beta", "clip", 0.2)],
+    [("gaussian", "seed", 0.0), ("gaussian", "clip", 0.0), ("gaussian", "clip", 0.5), ("beta", "seed", 0.2)],
 )
 @pytest.mark.parametrize("probe", [1, 2, 3, 4, 5, 6])
 def test_probe_is_learned(probe, policy, m_step, rpo_alpha, tmp_path):
     """The paper's M-step and the clipped departure both learn every continuous probe, with and without RPO's shift;
-    so does the Beta policy with its shift, on the same budgets. Probes 4 and 5 ask for a value inside the box (fine
-    control), probe 6 for the bound (bang-bang)."""
+    so does the Beta policy, with its shift and its default M-step (the paper's), on the same budgets. Probes 4 and 5 ask
+    for a value inside the box (fine control), probe 6 for the bound (bang-bang)."""
     import probe_envs
 
     torch.set_num_threads(1)
