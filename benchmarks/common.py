@@ -62,6 +62,13 @@ def exit_on_error(main):
         sys.exit(f"error: {e}")
 
 
+def cores() -> int:
+    """The cores this process may use: inside a Slurm task its `--cpus-per-task` (its node has more), else the
+    machine's. The tools share them out among the runs they start (`OMP_NUM_THREADS`)."""
+    value = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return int(value) if value.isdigit() and int(value) > 0 else os.cpu_count() or 1
+
+
 def resolve_script(algo: str) -> Path:
     """`ppo_continuous` -> `<repo>/ppo_continuous.py`; a path to a `.py` file is taken as is."""
     path = Path(algo) if algo.endswith(".py") else ROOT / f"{algo}.py"

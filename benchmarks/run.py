@@ -18,6 +18,14 @@ unless `--tag` is given. Budgets: one number for every env, and/or `ENV=N` per e
 
 Each run gets `OMP_NUM_THREADS` = cores / `--jobs` unless it is set. Two runners side by side do not know
 of each other: give each `OMP_NUM_THREADS=1` (two runs of two threads on two cores ran 25x slower here).
+
+On a cluster, `--slurm` submits the same selection as one Slurm array job, one task a run (the runs not done yet, and
+not queued from an earlier submission). Each task is this runner on its one run (`--jobs 1`, `OMP_NUM_THREADS` = the
+task's `--cpus-per-task` unless it is set), so it runs the same command line, and it writes the run's rows to a shard of
+its own, `<run dir>/rows.csv` (concurrent appends to one CSV on a shared filesystem lose rows). The same command with
+`--merge` instead of `--slurm` copies the finished runs' shards into `--out` (a run already there as its shard has it
+is left alone, so merging twice changes nothing) and says, one line a run, which tasks failed and where their logs
+are. `--slurm --dry-run` prints the job script; `--slurm --wait` waits for the job and merges.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,9 +46,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import slurm  # noqa: E402
 
 MANAGED = ("--env-id", "--seed", "--total-timesteps", "--output-dir")
 LOG_TAIL_LINES = 15
+SHARD = "rows.csv"  # a Slurm task's rows, in its run's folder; --merge copies them into --out
 
 
 @dataclass
@@ -97,7 +108,7 @@ class Runner:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # One thread per process when the cores are shared out, unless the user chose otherwise.
         # The scripts' update and EnvPool (--torch-threads 0) follow it.
-        self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
+        self.env.setdefault("OMP_NUM_THREADS", str(max(1, common.cores() // args.jobs)))
         self.versions = common.package_versions()  # the scripts run on this interpreter
 
     def say(self, msg: str) -> None:
@@ -240,14 +251,21 @@ def parse_args(argv: list[str]):
     )
     p.add_argument("--out", type=Path, help="results CSV (default: benchmarks/results/<algo>.csv)")
     p.add_argument("--tag", help="config label in the CSV (default: the args after --, or 'default')")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel runs (default: number of cores)")
+    p.add_argument("--jobs", type=int, default=common.cores(), help="parallel runs (default: number of cores)")
     p.add_argument(
         "--work-dir",
         type=Path,
         help="where the runs' TensorBoard files, checkpoints and logs go (default: <out without .csv>_runs/)",
     )
-    p.add_argument("--dry-run", action="store_true", help="print the runs and their status, run nothing")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the runs and their status, run nothing (with --slurm: the job script)"
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--slurm", action="store_true", help="submit the runs not done yet as one Slurm array job")
+    where.add_argument("--merge", action="store_true", help="copy the rows of the runs the Slurm tasks finished into --out")
+    slurm.add_options(p, cpus_default="1")
     args = p.parse_args(own)
+    slurm.validate(args, args.slurm)
     if not args.env and not args.suite:
         raise common.BenchmarkError("give --env ENV [ENV ...] or --suite NAME")
     if args.suite:  # the suite's envs and budgets first; the command line's own --env / --budget ENV=N after them
@@ -264,9 +282,145 @@ def parse_args(argv: list[str]):
     return args, extra
 
 
+# ---------------------------------------------------------------------------------------
+# Slurm: one array job, a task a run; each task's rows in a shard, merged into --out by one command
+# ---------------------------------------------------------------------------------------
+@dataclass
+class SlurmState:
+    """Where each run of the selection stands with Slurm."""
+
+    done: list[Run]
+    queued: list[tuple[Run, str]]  # (run, its task 'job_i') still pending or running
+    failed: list[tuple[Run, str]]  # (run, why and where its log is): its task ended without finishing it
+    unsubmitted: list[Run]
+
+
+def slurm_state(args, runs: list[Run]) -> SlurmState:
+    """Done (its done.json), else the latest task submitted for it: still in the queue, or ended (it wrote its exit
+    code, or it left the queue without one: killed), else never submitted. Each `--slurm` keeps its job's runs in
+    `<work dir>/slurm/<job>.json`."""
+    logs = args.work_dir / "slurm"
+    latest: dict[Path, tuple[str, int]] = {}
+    for manifest in sorted(logs.glob("*.json"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1):
+        for i, run_dir in enumerate(json.loads(manifest.read_text())["runs"]):
+            latest[Path(run_dir)] = (manifest.stem, i)
+    state = SlurmState([], [], [], [])
+    unended = [
+        r for r in runs if not r.done_file.exists() and r.dir in latest and slurm.exit_code(logs, *latest[r.dir]) is None
+    ]
+    active = slurm.active_tasks() if unended else set()
+    for run in runs:
+        if run.done_file.exists():
+            state.done.append(run)
+        elif run.dir not in latest:
+            state.unsubmitted.append(run)
+        elif latest[run.dir] in active:
+            state.queued.append((run, "{}_{}".format(*latest[run.dir])))
+        else:
+            state.failed.append((run, slurm.task_failure(logs, *latest[run.dir], log=run.dir / "log.txt")))
+    return state
+
+
+def command_line(args, *replace: str) -> str:
+    """This command as typed, its Slurm options replaced by `replace` (e.g. `--merge`)."""
+    own, extra = common.split_passthrough(sys.argv[1:])
+    python = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd() + os.sep) else sys.executable
+    return shlex.join([python, sys.argv[0], *slurm.strip_options(own, False), *replace, *(["--", *extra] if extra else [])])
+
+
+def submit(args, extra: list[str], runs: list[Run]) -> int:
+    """The runs that are not done and not queued, as one array job (a failed run's task is submitted again)."""
+    state = slurm_state(args, runs)
+    failed = {id(run) for run, _ in state.failed}
+    todo = [r for r in runs if id(r) in failed or r in state.unsubmitted]
+    out = sys.stderr if args.dry_run else sys.stdout  # --dry-run: stdout is the job script alone
+    print(
+        f"{len(runs)} runs: {len(state.done)} already done, {len(state.queued)} queued or running in Slurm, "
+        f"{len(todo)} to submit" + (f" ({len(failed)} of them failed before)" if failed else ""),
+        file=out,
+    )
+    for run, why in state.failed:
+        print(f"retry   {run}: {why}", file=out)
+    merge_command = command_line(args, "--merge")
+    if not todo:
+        if args.wait and not args.dry_run:  # the runs queued by earlier submissions, then the merge
+            print("nothing submitted", flush=True)
+            if state.queued:
+                slurm.wait(sorted({task.split("_")[0] for _, task in state.queued}))
+            return merge(args, runs)
+        print(f"nothing submitted; to copy the finished runs' rows into {args.out}: {merge_command}", file=out)
+        return 0
+    logs = args.work_dir / "slurm"
+    # Each task: this runner on one run, as a local invocation would run it, its rows to the run's own shard.
+    head = [sys.executable, str(Path(__file__).resolve()), f"--algo={args.script}", f"--tag={args.tag}"]
+    head += [f"--work-dir={args.work_dir}", "--jobs=1"]
+    tasks = [[f"--env={r.env}", f"--seeds={r.seed}", f"--budget={r.budget}", f"--out={r.dir / SHARD}"] for r in todo]
+    notes = [
+        f"run.py --slurm: {len(todo)} runs of {args.script.name} [{args.tag}], one a task. Each task is run.py on its run",
+        "(--jobs 1), the script's command line in its run's folder, its rows to <run folder>/rows.csv. When they end,",
+        f"copy the rows into {args.out}: {merge_command}",
+    ]
+    script = slurm.job_script(
+        f"run.py-{args.script.stem}", head, tasks, ["--", *extra] if extra else [], args, args.cpus_per_task or 1, logs, notes
+    )
+    if args.dry_run:
+        print(script, end="")
+        return 0
+    job = slurm.submit(script, logs)
+    (logs / f"{job}.json").write_text(json.dumps({"job": job, "runs": [str(r.dir) for r in todo]}, indent=1))
+    print(
+        f"submitted job {job}: {len(todo)} tasks; each task's console in {logs}/{job}_<task>.out, job script {logs}/{job}.sh"
+    )
+    if args.wait:
+        slurm.wait([job])
+        return merge(args, runs)
+    print(f"when it has ended, copy the rows into {args.out}: {merge_command}")
+    return 0
+
+
+def merge(args, runs: list[Run]) -> int:
+    """Copy each finished run's shard into --out, replacing that run's rows there; a run whose rows there are already
+    its shard's is left alone, so a second merge writes nothing. Each failed task: one line, with its log."""
+    state = slurm_state(args, runs)
+    _, existing = common.read_csv(args.out)
+    in_out: dict[tuple, list[dict]] = {}
+    for row in existing:
+        in_out.setdefault(tuple(row[k] for k in common.RUN_KEY), []).append({f: row.get(f, "") for f in common.RESULT_FIELDS})
+    merged = rows = same = 0
+    for run in state.done:
+        header, shard = common.read_csv(run.dir / SHARD)
+        if not header:
+            continue  # a run the local runner did: its rows went to its --out
+        if in_out.get(tuple(str(v) for v in run.key.values())) == [
+            {f: r.get(f, "") for f in common.RESULT_FIELDS} for r in shard
+        ]:
+            same += 1
+            continue
+        if not args.dry_run:
+            common.write_rows(args.out, common.RESULT_FIELDS, shard, replace=run.key)
+        merged, rows = merged + 1, rows + len(shard)
+    for run, why in state.failed:
+        print(f"FAILED  {run}: {why}")
+    for run, task in state.queued:
+        print(f"queued  {run}: Slurm task {task} is still pending or running")
+    for run in state.unsubmitted:
+        print(f"missing {run}: not done, and no Slurm task was submitted for it")
+    print(
+        f"{'would merge' if args.dry_run else 'merged'} {merged} runs ({rows} rows) into {args.out}; {same} already there; "
+        f"{len(state.failed)} failed, {len(state.queued)} queued or running, {len(state.unsubmitted)} not submitted"
+    )
+    if state.failed:
+        print(f"to run the failed ones again: {command_line(args, '--slurm')}")
+    return 1 if state.failed else 0
+
+
 def main() -> int:
     args, extra = parse_args(sys.argv[1:])
     runs = plan(args, extra)
+    if args.merge:
+        return merge(args, runs)
+    if args.slurm:
+        return submit(args, extra, runs)
     if args.dry_run:
         for run in runs:
             print(f"{'done' if run.done_file.exists() else 'todo'}  {run}  -> {run.dir}")

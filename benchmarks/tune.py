@@ -32,6 +32,12 @@ study (`--trials` counts the finished trials, complete or pruned, already stored
 file (`journal:PATH`, or a path ending in `.log`): N machines running the same command with
 the same `--storage` join one study. Watch it live with `optuna-dashboard <storage>`.
 
+On a cluster, `--slurm N` submits N such workers as one Slurm array job, each task this command without the Slurm
+options, all on the same `--storage` (checked, and the study created, before anything is submitted). A storage the
+nodes cannot share safely is refused in one line: a relative path (each worker would find its own file), an
+in-memory database, SQLite on a network filesystem (its locks do not hold there). What works: PostgreSQL, MySQL, or
+a journal file on a shared filesystem. `--dry-run` prints the job script; `--wait` waits for the workers and reports.
+
 Written to `--out` (default `benchmarks/results/tune/<study>/`) when the tool stops, also
 after Ctrl-C: `trials.csv`, `best.md` (best 10), `best_command.txt`, `history.png`,
 `intermediate.png` and `importances.png`. Trial runs (logs, TensorBoard events,
@@ -47,6 +53,7 @@ import io
 import logging
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -57,12 +64,13 @@ import time
 import typing
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import slurm  # noqa: E402
 
 MANAGED = ("--env-id", "--seed", "--total-timesteps", "--output-dir")
 POLL_SECONDS = 1.0  # how often a running trial's TensorBoard events are read
@@ -244,6 +252,8 @@ class Setup:
     warmup: int
     startup_trials: int
     sampler_seed: int | None
+    submit: argparse.Namespace | None = None  # --slurm N and the options of its job; None: this process is a worker
+    worker_argv: list[str] = field(default_factory=list)  # a Slurm task's command: this one without --slurm
 
     @property
     def algo(self) -> str:
@@ -368,6 +378,14 @@ def parse_cli(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "--startup-trials", type=int, default=5, help="median pruner: trials that complete before pruning starts (default: 5)"
     )
     p.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (reproducible with one worker)")
+    p.add_argument(
+        "--slurm",
+        type=int,
+        metavar="N",
+        help="submit N workers as one Slurm array job, all joining the study on --storage (a storage the nodes share)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="with --slurm: print the job script, submit nothing")
+    slurm.add_options(p, cpus_default="the runs of a trial, tasks x seeds")
     return p.parse_args(own), fixed
 
 
@@ -458,6 +476,13 @@ def make_pruner(spec: str, warmup: int, startup_trials: int):
 def setup(argv: Sequence[str]) -> Setup:
     """Parse and check everything that can be checked without running a trial."""
     opts, fixed = parse_cli(argv)
+    slurm.validate(opts, opts.slurm is not None)
+    if opts.slurm is not None and opts.slurm < 1:
+        raise common.BenchmarkError(f"--slurm N: N is the number of workers, at least 1; got {opts.slurm}")
+    if opts.dry_run and opts.slurm is None:
+        raise common.BenchmarkError("--dry-run prints the Slurm job script: give --slurm N")
+    if opts.sampler_seed is not None and (opts.slurm or 1) > 1:
+        raise common.BenchmarkError(f"--sampler-seed with --slurm {opts.slurm}: every worker would draw the same points")
     script = common.resolve_script(opts.algo)
     if script.stem not in SAMPLERS:
         raise common.BenchmarkError(
@@ -516,7 +541,11 @@ def setup(argv: Sequence[str]) -> Setup:
         study = f"{script.stem}-" + "+".join(common.slug(t.env.split("/", 1)[-1].replace("/", "-")) for t in tasks)
     out = (opts.out or common.ROOT / "benchmarks" / "results" / "tune" / common.slug(study)).resolve()
     storage = opts.storage or f"sqlite:///{out / 'study.db'}"
-    return Setup(
+    if opts.slurm is not None:
+        problem = shared_storage_problem(storage)
+        if problem:
+            raise common.BenchmarkError(problem)
+    s = Setup(
         script,
         tasks,
         list(dict.fromkeys(opts.seeds)),
@@ -532,6 +561,11 @@ def setup(argv: Sequence[str]) -> Setup:
         opts.startup_trials,
         opts.sampler_seed,
     )
+    if opts.slurm is not None:
+        own, _ = common.split_passthrough(argv)
+        s.submit = opts
+        s.worker_argv = [*slurm.strip_options(own, slurm_takes_value=True), *(["--", *fixed] if fixed else [])]
+    return s
 
 
 def task_references(items: list[str], envs: list[str]) -> dict[str, float]:
@@ -574,6 +608,55 @@ def journal_path(storage: str) -> str | None:
     if "://" not in storage and storage.endswith(".log"):
         return storage
     return None
+
+
+# Filesystems whose file locks SQLite cannot trust (SQLite's own advice: no database on a network filesystem).
+NETWORK_FILESYSTEMS = {
+    *("nfs", "nfs4", "cifs", "smb3", "smbfs", "afs", "9p", "lustre", "gpfs", "beegfs", "ceph", "glusterfs"),
+    *("panfs", "pvfs2", "orangefs", "wekafs", "ocfs2", "gfs2", "fuse.glusterfs", "fuse.sshfs", "fuse.ceph"),
+    *("fuse.cephfs", "fuse.juicefs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone"),
+}
+SHARED_STORAGES = (
+    "PostgreSQL (postgresql://USER:PASSWORD@HOST/DB), MySQL (mysql+pymysql://USER:PASSWORD@HOST/DB), "
+    "or a journal file on a filesystem every node mounts (journal:/ABSOLUTE/PATH.log)"
+)
+
+
+def filesystem_type(path: str | Path, mountinfo: str | Path = "/proc/self/mountinfo") -> str | None:
+    """The type of the filesystem `path` is on (`ext4`, `nfs4`, ...), from the mount table; None where there is none."""
+    path = os.path.realpath(path)
+    best, kind = "", None
+    with contextlib.suppress(OSError):
+        for line in Path(mountinfo).read_text().splitlines():
+            cells = line.split()
+            if "-" not in cells[6:]:
+                continue
+            mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), cells[4])  # \040 is a space
+            inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) >= len(best):
+                best, kind = mount, cells[cells.index("-", 6) + 1]
+    return kind
+
+
+def shared_storage_problem(storage: str) -> str | None:
+    """Why N workers on several nodes cannot share `storage` (--slurm), or None. A relative path names another file in
+    each worker's folder; SQLite's locks do not hold on a network filesystem (a corrupt or split study)."""
+    path = journal_path(storage)
+    why = None
+    if path is not None:
+        if not os.path.isabs(path):
+            why = "a relative path, which a worker resolves in its own folder"
+    elif storage.startswith("sqlite:"):
+        file = storage.split(":///", 1)[1].split("?", 1)[0] if ":///" in storage else ""
+        if file in ("", ":memory:"):
+            why = "an in-memory SQLite database lives in one process"
+        elif not os.path.isabs(file):
+            why = "a relative path (sqlite:///PATH; sqlite:////PATH is absolute), which a worker resolves in its own folder"
+        elif (kind := filesystem_type(Path(file).parent)) in NETWORK_FILESYSTEMS:
+            why = f"SQLite on a network filesystem ({kind}), where its file locks do not hold"
+    if why is None:
+        return None
+    return f"--storage {storage!r} cannot be shared by workers on several nodes: {why}; use {SHARED_STORAGES}"
 
 
 def dashboard_target(storage: str) -> str:
@@ -721,7 +804,7 @@ class Objective:
         # The runs share the cores, unless the user chose otherwise.
         # The scripts' update and EnvPool (--torch-threads 0) follow it.
         runs = len(s.tasks) * len(s.seeds)
-        self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // runs)))
+        self.env.setdefault("OMP_NUM_THREADS", str(max(1, common.cores() // runs)))
 
     def slots(self, task: Task, curve: dict[int, float]) -> dict[int, float]:
         """{step: eval} -> {slot on the reporting axis: eval}. The first evaluation in a slot wins: a second
@@ -1010,8 +1093,45 @@ def interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM as Ctrl-C: the running trial is failed, its processes stopped
 
 
+def submit_workers(s: Setup) -> int:
+    """--slurm N: N workers as one array job, each this command without --slurm, all on the study in --storage."""
+    opts, workers = s.submit, s.submit.slurm
+    logs = s.out / "slurm"
+    command = [sys.executable, str(Path(__file__).resolve()), *s.worker_argv]
+    notes = [
+        f"tune.py --slurm {workers}: {workers} workers, each the command below, all joining study {s.study}",
+        f"in {s.storage}; each stops when the study has {s.trials} finished trials.",
+    ]
+    runs = len(s.tasks) * len(s.seeds)
+    script = slurm.job_script(f"tune.py-{s.study}", command, [[]] * workers, [], opts, opts.cpus_per_task or runs, logs, notes)
+    if opts.dry_run:
+        print(script, end="")
+        return 0
+    study = open_study(s)  # the storage answers, and the study's config is stored or matches, before anything is submitted
+    finished = count_finished(study)
+    if finished >= s.trials:
+        print(f"study {s.study} in {s.storage}: {finished} of {s.trials} trials finished; nothing submitted")
+        return 0
+    job = slurm.submit(script, logs)
+    print(
+        f"submitted job {job}: {workers} workers joining study {s.study} in {s.storage} ({finished} of {s.trials} "
+        f"trials finished); each worker's console in {logs}/{job}_<task>.out, job script {logs}/{job}.sh"
+    )
+    print(f"live view: optuna-dashboard {dashboard_target(s.storage)}", flush=True)
+    if not opts.wait:
+        return 0
+    slurm.wait([job])
+    failed = [i for i in range(workers) if slurm.exit_code(logs, job, i) != 0]
+    for i in failed:
+        print(f"FAILED  worker {i}: {slurm.task_failure(logs, job, i)}")
+    write_outputs(s, study)
+    return 1 if failed else 0
+
+
 def main() -> int:
     s = setup(sys.argv[1:])
+    if s.submit is not None:
+        return submit_workers(s)
     import optuna
 
     study = open_study(s)
