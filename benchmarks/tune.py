@@ -128,7 +128,7 @@ def sample_ppo_continuous(trial: SearchTrial, args: Any) -> list[str]:
         max_grad_norm=trial.suggest_categorical("max_grad_norm", [0.3, 0.5, 1.0, 2.0, 5.0]),
         policy_hidden_sizes=layers(trial.suggest_categorical("policy_hidden_sizes", ["64x64", "128x128", "256x256"])),
         value_hidden_sizes=layers(trial.suggest_categorical("value_hidden_sizes", ["64x64", "128x128", "256x256", "512x512"])),
-        init_log_std=trial.suggest_float("init_log_std", -2.0, 0.5),
+        init_log_std=trial.suggest_float("init_log_std", -2.0, 0.5) if trains_gaussian(args) else None,
         anneal_lr=trial.suggest_categorical("anneal_lr", [True, False]),
         reward_scaling=trial.suggest_categorical("reward_scaling", [True, False]),
     )
@@ -162,7 +162,7 @@ def sample_vmpo_continuous(trial: SearchTrial, args: Any) -> list[str]:
         sampled += flags(m_step=trial.suggest_categorical("m_step", literal_choices(args, "m_step")))
     if hasattr(args, "m_step_clip"):
         sampled += flags(m_step_clip=trial.suggest_categorical("m_step_clip", [0.1, 0.2, 0.3]))
-    if hasattr(args, "init_log_std"):
+    if hasattr(args, "init_log_std") and trains_gaussian(args):
         sampled += flags(init_log_std=trial.suggest_float("init_log_std", -2.0, 0.5))
     return sampled
 
@@ -215,6 +215,13 @@ def flags(**values) -> list[str]:
 def layers(choice: str | None) -> list[int] | None:
     """A hidden-sizes choice such as '256x256' -> [256, 256]."""
     return None if choice is None else [int(w) for w in choice.split("x")]
+
+
+def trains_gaussian(args: Any) -> bool:
+    """Whether the script's --policy (auto: the Gaussian on the control suite) trains the Gaussian, whose
+    --init-log-std the search may set: the Beta has no std, and the script refuses the flag for it."""
+    policy = getattr(args, "policy", "gaussian")
+    return policy == "gaussian" or (policy == "auto" and args.env_id.startswith("dm_control/"))
 
 
 def literal_choices(args: Any, name: str) -> list:

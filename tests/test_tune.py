@@ -343,3 +343,25 @@ def test_several_tasks_are_scored_together(tmp_path):
     assert f"CartPole-v1 {means['CartPole-v1']:.1f} · Probe4Discrete-v0 {means['Probe4Discrete-v0']:.1f}" in best_md
     commands = (tmp_path / "best_command.txt").read_text()
     assert "--env CartPole-v1 Probe4Discrete-v0 --seeds 1 2 --budget CartPole-v1=2048 Probe4Discrete-v0=1024" in commands
+
+
+@pytest.mark.parametrize("algo", ["ppo_continuous", "vmpo_continuous"])
+def test_the_search_sets_init_log_std_only_where_the_gaussian_trains(algo):
+    """--policy auto trains the Beta off the control suite, and the script refuses --init-log-std for it: the search
+    space leaves it out there, and every sampled command line is one the script accepts."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import common
+    import tune as tune_module
+
+    module = common.load_script(common.resolve_script(algo))
+    sampler = tune_module.SAMPLERS[algo]
+    for env_id, policy, expected in [
+        ("dm_control/walker/walk", "auto", True),
+        ("Pendulum-v1", "auto", False),
+        ("Pendulum-v1", "gaussian", True),
+        ("dm_control/walker/walk", "beta", False),
+    ]:
+        args = module.Args(env_id=env_id, policy=policy)
+        names, samples = tune_module.dry_samples(sampler, args, lambda name: True)
+        assert ("init_log_std" in names) == expected, (env_id, policy, names)
+        assert all(("--init-log-std" in sample) == expected for sample in samples)
