@@ -103,7 +103,7 @@ class Args:
     target_kl: float | None = None
     """end the update after an epoch whose mean approximate KL exceeds this (e.g. 0.02 where updates overshoot)"""
     policy: Literal["auto", "gaussian", "beta"] = "auto"
-    """the policy family. auto: gaussian on dm_control/... tasks, beta on any other env; gaussian: the env clips its samples"""
+    """the policy family. auto: gaussian on dm_control/... tasks or an unbounded box, else beta; gaussian: the env clips"""
     rpo_alpha: float | None = None
     """RPO: the update shifts the policy's outputs (the Gaussian's mean, the Beta's logits) by Uniform(-alpha, alpha)
     noise, holding the policy's spread up; None: the family's, gaussian 0.5, beta 0.2; 0: plain PPO"""

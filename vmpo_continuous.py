@@ -132,8 +132,8 @@ class Args:
 
     # This file's departures from the paper: each default, and the value that gives the paper's.
     policy: Literal["auto", "gaussian", "beta"] = "auto"
-    """the policy family (paper: a Gaussian). gaussian: the env clips its samples; beta: a Beta on the action box; auto:
-    gaussian on dm_control/... tasks and on a box with an infinite bound, beta on any other env"""
+    """the policy family (paper: a Gaussian). auto: gaussian on dm_control/... tasks or an unbounded box, else beta;
+    gaussian: the env clips its samples; beta: a Beta on the action box"""
     m_step: Literal["auto", "seed", "clip"] = "auto"
     """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's);
     auto: the family's, clip for the Gaussian, seed for the Beta (clip's push holds a concentration at its floor)"""
