@@ -134,9 +134,8 @@ class Args:
     policy: Literal["auto", "gaussian", "beta"] = "auto"
     """the policy family (paper: a Gaussian). auto: gaussian on dm_control/... tasks or an unbounded box, else beta;
     gaussian: the env clips its samples; beta: a Beta on the action box"""
-    m_step: Literal["auto", "seed", "clip"] = "auto"
-    """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's);
-    auto: the family's, clip for the Gaussian, seed for the Beta (clip's push holds a concentration at its floor)"""
+    m_step: Literal["seed", "clip"] = "clip"
+    """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's)"""
     m_step_clip: float = 0.2
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
     rpo_alpha: float | None = None
@@ -357,7 +356,6 @@ class BetaPolicy(BoxPolicy):
 
 POLICIES = {"gaussian": GaussianPolicy, "beta": BetaPolicy}
 RPO_ALPHA = {"gaussian": 0.5, "beta": 0.2}  # --rpo-alpha's default per family: the values the runs chose
-M_STEP = {"gaussian": "clip", "beta": "seed"}  # --m-step auto's, per family
 BETA_EPS = 1e-6
 UNBOUNDED = 1e6  # where an infinite bound of the action box stands
 
@@ -730,9 +728,7 @@ def set_up(args: Args) -> Run:
         print(note)
         backend, note = choose_env_backend(args)
         print(note)
-        m_step = M_STEP[policy] if args.m_step == "auto" else args.m_step
-        resolved = dict(policy=policy, rpo_alpha=rpo_alpha, init_log_std=init_log_std, m_step=m_step, env_backend=backend)
-        args = dataclasses.replace(args, **resolved)
+        args = dataclasses.replace(args, policy=policy, rpo_alpha=rpo_alpha, init_log_std=init_log_std, env_backend=backend)
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
