@@ -205,7 +205,7 @@ class GaussianPolicy(BoxPolicy):
         return nn.functional.linear(h, self.weight, self.bias)
 
     def act(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        log_std = self.log_std.detach().numpy()
+        log_std = self.log_std.detach().numpy()  # act: sample and log-prob in numpy, where the rollout's network runs
         noise = np.random.standard_normal(params.shape).astype(np.float32)
         # LaTeX: u_t = \mu_\theta(s_t) + \sigma \odot \xi_t, \quad \xi_t \sim \mathcal{N}(0, I)
         u = params + np.exp(log_std) * noise
@@ -252,7 +252,7 @@ class BetaPolicy(BoxPolicy):
         return torch.distributions.Beta(1.0 + nn.functional.softplus(alpha_logit), 1.0 + nn.functional.softplus(beta_logit))
 
     def act(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        params = params.reshape(*params.shape[:-1], 2, -1)
+        params = params.reshape(*params.shape[:-1], 2, -1)  # act: the rollout's sample, in numpy as its network runs
         alpha, beta = np.moveaxis(1.0 + np.logaddexp(0.0, params), -2, 0)  # distribution()'s, in numpy
         # LaTeX: u_t \sim \mathrm{Beta}(\alpha_\theta(s_t), \beta_\theta(s_t)), \ u_t \in [10^{-6}, 1 - 10^{-6}]
         u = np.clip(np.random.beta(alpha, beta), BETA_EPS, 1.0 - BETA_EPS).astype(np.float32)  # 0 and 1 have density 0

@@ -267,7 +267,7 @@ class GaussianPolicy(BoxPolicy):
         return (0.5 * (1.0 + math.log(2 * math.pi)) + params[..., 1, :]).sum(-1)
 
     def decoupled_kl(self, params: torch.Tensor, old_params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per sample: KL(N(mu_old, s_old) || N(mu, s_old)) moves the mean alone, KL(... || N(mu_old, s)) the spread."""
+        """V-MPO's trust regions per sample: KL(N(mu_old, s_old) || N(mu, s_old)), the mean's; KL(... || N(mu_old, s))."""
         (mean, log_std), (old_mean, old_log_std) = params.unbind(-2), old_params.unbind(-2)
         old_var = (2.0 * old_log_std).exp()
         # LaTeX: D_\mu(s_t) = \sum_j \frac{(\mu_j - \mu^{old}_j)^2}{2(\sigma^{old}_j)^2}
@@ -330,7 +330,7 @@ class BetaPolicy(BoxPolicy):
         return self.distribution(params).entropy().sum(-1)
 
     def decoupled_kl(self, params: torch.Tensor, old_params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """With m = alpha / (alpha + beta), k = alpha + beta: D_mu moves m at the old k, D_sigma k at the old m."""
+        """V-MPO's trust regions: m = alpha / (alpha + beta) moves at the old k = alpha + beta (D_mu), k at the old m."""
         new, old = self.distribution(params), self.distribution(old_params)
         (mean, conc), (old_mean, old_conc) = ((d.mean, d.concentration1 + d.concentration0) for d in (new, old))
         kl = torch.distributions.kl_divergence
