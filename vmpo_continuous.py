@@ -26,9 +26,7 @@ import importlib.util
 import math
 import os
 import re
-import signal
 import sys
-import threading
 import time
 import warnings
 from collections import deque
@@ -774,30 +772,6 @@ def set_up(args: Args) -> Run:
     return run
 
 
-class DeferredCtrlC:
-    """From its creation until `restore`, Ctrl-C is noted and raised at the loop's next `check`, never inside a
-    library: raised inside TensorBoard's writer, it can leave the writer's lock held, and closing the run then hangs.
-    A second Ctrl-C raises at once. Off the main thread, or where SIGINT is ignored (`nohup`), nothing changes."""
-
-    def __init__(self):
-        self.pressed, self.previous = False, signal.getsignal(signal.SIGINT)
-        if threading.current_thread() is threading.main_thread() and self.previous is not signal.SIG_IGN:
-            signal.signal(signal.SIGINT, self.press)
-
-    def press(self, signum, frame) -> None:
-        if self.pressed:
-            raise KeyboardInterrupt
-        self.pressed = True
-
-    def check(self) -> None:
-        if self.pressed:
-            raise KeyboardInterrupt
-
-    def restore(self) -> None:
-        if signal.getsignal(signal.SIGINT) == self.press:
-            signal.signal(signal.SIGINT, self.previous)
-
-
 def train(args: Args) -> dict:
     run = set_up(args)
     start_time = time.time()
@@ -829,10 +803,8 @@ def train(args: Args) -> dict:
     train_time, trained_steps = 0.0, 0
     # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
     save_checkpoint(run, "last")
-    ctrl_c = DeferredCtrlC()
     try:
         for iteration in range(run.iteration + 1, num_iterations + 1):
-            ctrl_c.check()
             tick = time.time()
             if args.anneal_lr:
                 lr_scale = learning_rate_scale(iteration, num_iterations, batch_size, args.lr_horizon)
@@ -841,7 +813,6 @@ def train(args: Args) -> dict:
             # ---- collect a rollout with the current policy
             torch.set_num_threads(1)  # batches of num_envs observations only lose to threading overhead
             next_obs, episodes = collect_rollout(acting_agent, run.envs, run.obs_rms, run.reward_scaler, next_obs, rollout)
-            ctrl_c.check()  # the rollout is dropped: _last holds the update before it
             for offset, episode_return, episode_length in episodes:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
@@ -886,14 +857,13 @@ def train(args: Args) -> dict:
                     save_checkpoint(run, "best")
             print_progress(run, sps, np.mean(recent_returns or [math.nan]), final=last)
     except KeyboardInterrupt:
-        # The step is read back from the file: a second Ctrl-C can land inside a save, after its rename.
+        # The step is read back from the file: Ctrl-C can land inside a save, after its rename.
         saved = torch.load(run.path("last"), map_location="cpu", weights_only=True)["global_step"]
         print(f"\ninterrupted; the last checkpoint, at step {saved} (the last trained step), is {run.path('last')}")
         raise
     finally:
         torch.set_num_threads(default_threads)
         run.close()
-        ctrl_c.restore()
     summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=sps, wall_time=time.time() - start_time)
     return summary | dict(final_eval_return=run.last_eval, final_eval_std=eval_returns.std(), best_eval_return=run.best_eval)
 

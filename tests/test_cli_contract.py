@@ -295,36 +295,6 @@ def test_a_total_that_is_not_whole_rollouts_is_announced(name, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_the_first_ctrl_c_waits_for_the_loops_check_and_a_second_stops_at_once(name):
-    """Raised inside TensorBoard's writer, Ctrl-C can leave the writer's lock held, and the run then hangs closing it
-    (this suite saw it once): the first press is only noted and raised where the loop checks, a second raises at once,
-    and the handler before comes back. Where SIGINT is ignored (`nohup`), it stays ignored."""
-    module = importlib.import_module(name)
-    # Python's own handler, as a run from a terminal has it (this session may be a background job, which ignores SIGINT).
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        ctrl_c = module.DeferredCtrlC()
-        try:
-            try:
-                signal.raise_signal(signal.SIGINT)
-            except KeyboardInterrupt:
-                pytest.fail("the first Ctrl-C was raised where it was pressed, not at the loop's check")
-            with pytest.raises(KeyboardInterrupt):
-                ctrl_c.check()
-            with pytest.raises(KeyboardInterrupt):
-                signal.raise_signal(signal.SIGINT)
-        finally:
-            ctrl_c.restore()
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        ignored = module.DeferredCtrlC()
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        ignored.restore()
-    finally:
-        signal.signal(signal.SIGINT, before)
-
-
-@pytest.mark.parametrize("name", NAMES)
 def test_ctrl_c_keeps_the_last_trained_step_and_resume_repeats_nothing(name, tmp_path):
     """SIGINT a real run mid-training: exit 130, one message, a checkpoint of the last completed
     update. Resuming it trains exactly the rollouts after that step: none twice, none skipped."""
@@ -353,8 +323,8 @@ def test_ctrl_c_keeps_the_last_trained_step_and_resume_repeats_nothing(name, tmp
     assert f"interrupted; the last checkpoint, at step {saved} (the last trained step), is {last}" in stdout
     assert all(torch.isfinite(t).all() for t in ckpt["agent"].values())
     logged = [step for step, _ in read_scalars(run_dir)["charts/SPS"]]
-    # Ctrl-C waits for the loop's next check, after the update's save and its logging: every update up to the saved one.
-    assert logged == list(range(BATCH, saved + 1, BATCH))
+    # Logging follows the save, so the interrupted run logged every update up to the saved one (or the one before).
+    assert logged == list(range(BATCH, logged[-1] + 1, BATCH)) and logged[-1] in (saved - BATCH, saved)
 
     resumed = train(
         name,
