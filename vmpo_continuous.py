@@ -781,7 +781,7 @@ def train(args: Args) -> dict:
         mean, std = float(eval_returns.mean()), float(eval_returns.std())
         print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
         summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=0.0, wall_time=time.time() - start_time)
-        return summary | dict(final_eval_return=mean, final_eval_std=std, best_eval_return=mean)
+        return summary | dict(final_eval_return=mean, final_eval_std=std, best_eval_return=mean, eval_returns=eval_returns)
     args, agent, optimizers, writer = run.args, run.agent, run.optimizers, run.writer
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
