@@ -48,6 +48,14 @@ RESULT_FIELDS = (
 NEWER_RESULT_FIELDS = ("train_return", "backend", "cpu", *SOURCE_FIELDS)  # older results files lack them; read as unknown
 TRAIN_EPISODES = 10
 RUN_KEY = ("algo", "tag", "env", "seed", "budget")  # the columns naming one run
+# A finished run's last checkpoint evaluated again on more episodes (`run.py --final-episodes N`), one row a run in
+# `final_csv(<results CSV>)`: every episode's return, so a report can count the starts a policy succeeds from.
+FINAL_FIELDS = (*RUN_KEY, "step", "episodes", "return_mean", "return_std", "returns", *SOURCE_FIELDS)
+
+
+def final_csv(results_csv: Path) -> Path:
+    """`results/vmpo_continuous.csv` -> `results/vmpo_continuous_final.csv`."""
+    return Path(results_csv).with_name(Path(results_csv).stem + "_final.csv")
 
 
 class BenchmarkError(Exception):

@@ -323,6 +323,66 @@ def code_key(row: dict) -> str:
     return _code_keys[(commit, blob, algo)]
 
 
+# The final evaluations on more episodes (`run.py --final-episodes`). On dm_control, whose tasks return at most 1000, an
+# episode succeeds at 700 or more (walker/walk: it walks), and a run succeeds from every start when 90% of its episodes
+# do (45 of 50). A comparison of n runs a side detects, in 80% of draws at a two-sided 5% level, a difference of
+# (z_0.975 + z_0.8) sqrt(2 / n) of one run's standard deviation: about 0.89 of it at 20 runs a side.
+SUCCESS_RETURN, SUCCESS_SHARE, Z_POWER = 700.0, 0.9, 1.959964 + 0.841621
+FINAL_HEADER = (
+    "Final evaluations on more episodes (`run.py --final-episodes`): each run's last checkpoint evaluated again. A"
+    f" dm_control run succeeds from every start when {SUCCESS_SHARE:.0%} of its episodes return {SUCCESS_RETURN:.0f}"
+    " or more. Each config against its algo's `defaults*` tag on the same task and budget: the difference of the"
+    " means over runs with its 95% bootstrap interval (runs resampled within each arm, 2000 times).\n\n"
+    "| env | algo | tag | budget | runs (seeds) | episodes | mean ± std over runs | 95% CI of the mean |"
+    " runs succeeding from every start | difference from defaults [95% CI] | args hash |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def final_table(csvs: list[Path], reps: int = 2000) -> str:
+    """The final-evaluation section (Markdown) from the `_final.csv` beside each results CSV; '' when there is none."""
+    groups = defaultdict(list)  # (env, budget, algo, tag) -> [(seed, episode returns, row)]
+    for path in csvs:
+        for r in common.read_csv(common.final_csv(path))[1]:
+            returns = np.array([float(x) for x in r["returns"].split()])
+            groups[r["env"], int(r["budget"]), r["algo"], r["tag"]].append((int(r["seed"]), returns, r))
+    if not groups:
+        return ""
+
+    def interval(stat, *arms: np.ndarray) -> str:
+        rng = np.random.default_rng(0)  # each interval its own draws: a row's interval never moves with its neighbours
+        draws = [stat(*(rng.choice(a, a.size) for a in arms)) for _ in range(reps)]
+        return f"[{np.percentile(draws, 2.5):.1f}, {np.percentile(draws, 97.5):.1f}]"
+
+    lines, powers = [FINAL_HEADER], []
+    for (env, budget, algo, tag), runs in sorted(groups.items()):
+        means = np.array([returns.mean() for _, returns, _ in runs])
+        succeeding = [(returns >= SUCCESS_RETURN).mean() >= SUCCESS_SHARE for _, returns, _ in runs]
+        bases = [k for k in groups if k[:3] == (env, budget, algo) and k[3].startswith("defaults")]
+        base = max(bases, key=lambda k: len(groups[k]), default=None)
+        versus = "base" if base and base[3] == tag else "-"
+        if base and base[3] != tag:
+            base_means = np.array([returns.mean() for _, returns, _ in groups[base]])
+            diff = means.mean() - base_means.mean()
+            versus = f"{diff:+.1f} {interval(lambda a, b: a.mean() - b.mean(), means, base_means)}"
+        elif base:
+            share = min(max(np.mean(succeeding), 1 / len(runs)), 1 - 1 / len(runs))
+            mde, count = Z_POWER * np.sqrt(2 / len(runs)), Z_POWER * np.sqrt(2 * share * (1 - share) * len(runs))
+            powers.append(
+                f"{env} {fmt_budget(budget)}, {tag} ({len(runs)} runs): {len(runs)} runs a side detect a difference"
+                f" in mean of {mde * means.std(ddof=1):.1f} (std over runs {means.std(ddof=1):.1f}) and a difference of"
+                f" {count:.1f} in the runs succeeding from every start (80% of draws, two-sided 5%)"
+            )
+        seeds = sorted(seed for seed, _, _ in runs)
+        cells = [env, algo, tag, fmt_budget(budget), f"{len(runs)} ({seeds[0]}-{seeds[-1]})"]
+        cells += [str(len(runs[0][1])), f"{means.mean():.1f} ± {means.std(ddof=1) if len(runs) > 1 else 0:.1f}"]
+        cells += [interval(np.mean, means), f"{sum(succeeding)}/{len(runs)}" if env.startswith("dm_control/") else "-"]
+        cells += [versus, ", ".join(sorted({r["args_hash"] for *_, r in runs}))]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Power, from each base's spread: " + "; ".join(powers) + "."] if powers else []
+    return "\n".join(lines) + "\n"
+
+
 def short_commit(commit: str) -> str:
     return commit if commit == common.UNKNOWN else commit[:10] + ("-dirty" if commit.endswith("-dirty") else "")
 
@@ -664,6 +724,8 @@ def main() -> int:
         md += "\n" + summary
     md += "\n" + table22(groups, out, note=note("table22"))
     md += "\n" + table30(groups, note=note("table30"))
+    finals = final_table(args.csv)
+    md += "\n" + finals if finals else ""
     flagship = flagship_groups(groups)
     if flagship:
         md += "\nThe README's picture, walker/walk under each script's defaults beside RPO: [flagship](flagship.png).\n"
