@@ -18,11 +18,11 @@ interquartile mean over runs with a 95% stratified bootstrap interval (rliable, 
 `<out>/profile_<suite>.png`, the performance profile (the fraction of runs scoring above tau times the bar). A config
 enters with the same number of seeds on every task: the first n seeds of each, n the fewest it has on any task.
 
-Then `table22` (issue 37), the same aggregate over `common.SUITE_22` at 1M steps with CleanRL's published RPO 8M
+Then `table22`, the same aggregate over `common.SUITE_22` at 1M steps with CleanRL's published RPO 8M
 return as the bar (`common.PUBLISHED_8M`), `<out>/profile_table22.png`, and per config the count of tasks whose mean
 final return over those seeds is at or above the published PPO 8M return (e.g. 13/22).
 
-Then `table30` (issue 56), the decision rule for a default: table22's 22 scores and the 8 MuJoCo scores together, on
+Then `table30`, the decision rule for a default: table22's 22 scores and the 8 MuJoCo scores together, on
 the same seeds, their IQM with its interval, the 22-task IQM on those seeds, the lowest MuJoCo task's mean score, and
 whether the config qualifies (`RULE_CONTROL_IQM`, `RULE_MUJOCO_FLOOR`).
 
@@ -190,11 +190,11 @@ def aggregate(groups: dict, out: Path, reps: int = 2000, note: str = "") -> str:
 
 
 TABLE22_BUDGET = 1_000_000
-# Issue 56's rule for a default, fixed before its runs: at least this 22-task IQM on the control suite, and at least
+# The rule for a default (study 2026-11-28-policy-auto), fixed before its runs: at least this 22-task IQM on the control suite, and at least
 # this score on every MuJoCo task (the mean over seeds).
 RULE_CONTROL_IQM, RULE_MUJOCO_FLOOR = 0.75, 0.2
 TABLE22_HEADER = (
-    "table22 (issue 37): final evaluation at 1M over CleanRL's published RPO 8M return, 22 dm_control tasks; last"
+    "table22: final evaluation at 1M over CleanRL's published RPO 8M return, 22 dm_control tasks; last"
     " column: the tasks whose mean final return is at or above the published PPO 8M return\n\n"
     "| suite | algo | tag | seeds per task | runs | IQM of return / RPO 8M [95% CI] | mean of return / RPO 8M |"
     " tasks at or above PPO 8M |\n"
@@ -223,7 +223,7 @@ def table22(groups: dict, out: Path, reps: int = 2000, note: str = "") -> str:
 
 
 TABLE30_HEADER = (
-    "table30 (issue 56's rule): the 22 dm_control tasks of table22 (return / RPO 8M) and the 8 MuJoCo tasks ((return -"
+    "table30 (the rule for a default): the 22 dm_control tasks of table22 (return / RPO 8M) and the 8 MuJoCo tasks ((return -"
     " random) / (bar - random)), all at 1M, on the same seeds; a config qualifies when its 22-task IQM is at least"
     f" {RULE_CONTROL_IQM} and no MuJoCo task's mean score is under {RULE_MUJOCO_FLOOR} (nothing learns to fall);"
     " `policy gaussian` scores the defaults' control-suite runs, since `--policy auto` trains the Gaussian there\n\n"
@@ -253,7 +253,7 @@ def table30_groups(groups: dict) -> dict:
 
 
 def table30(groups: dict, reps: int = 2000, note: str = "") -> str:
-    """The table30 section (Markdown): issue 56's decision rule over the 22 control tasks and the 8 MuJoCo tasks. The
+    """The table30 section (Markdown): the decision rule for a default over the 22 control tasks and the 8 MuJoCo tasks. The
     default is the qualifying config with the highest 30-task IQM; one line when no config ran all 30 tasks. `note`: the
     line(s) under the table (its sources)."""
     from rliable import metrics
@@ -276,7 +276,7 @@ def table30(groups: dict, reps: int = 2000, note: str = "") -> str:
     return "\n".join(lines + ([note] if note else [])) + "\n"
 
 
-# --- Where each number comes from (issue 74) ---------------------------------------------------------------------------
+# --- Where each number comes from -------------------------------------------------------------------------------------
 # Every table is checked, before anything is written, for rows of one tag that ran different args or different learning
 # code, and names the commits and args hashes behind it in a line under it. A "part" is a set of runs that must share
 # one args hash: a row of the results table (its seeds), a config's runs in an aggregate (all its tasks), each suite of

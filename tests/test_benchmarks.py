@@ -452,7 +452,7 @@ def test_report_aggregates_normalised_scores_with_an_iqm_and_a_profile(tmp_path)
 
 
 def test_report_table22_over_the_published_8m_figures(tmp_path):
-    """Issue 37's table: A (4 seeds) and B (3 seeds, 2 on one task: it enters with 2) ran all 22 tasks at 1M; C ran
+    """table22: A (4 seeds) and B (3 seeds, 2 on one task: it enters with 2) ran all 22 tasks at 1M; C ran
     one task at 500k only (left out). Scores are finals over RPO's 8M figure; the count compares seed means with PPO's."""
     # The (PPO 8M, RPO 8M) means as reference.md prints them, so the report's figures are checked against that page.
     section = (BENCH / "results" / "reference.md").read_text().split("## CleanRL's published 8M figures")[1]
@@ -516,7 +516,7 @@ def table30_runs(tag: str, control_level: float | None, mujoco_values, common) -
 
 
 def test_report_applies_the_30_task_rule(tmp_path, common):
-    """Issue 56's rule: A qualifies; B's 22-task IQM is under 0.75; C has a MuJoCo task whose mean score is under 0.2
+    """The 30-task rule: A qualifies; B's 22-task IQM is under 0.75; C has a MuJoCo task whose mean score is under 0.2
     (one seed above it); D lacks Swimmer (left out). Scores, IQMs and the verdicts are computed here independently."""
     lines, scores = [], {}
     for tag, level in (("A", 0.9), ("B", 0.6), ("C", 0.9), ("D", 0.9)):

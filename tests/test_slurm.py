@@ -1,4 +1,4 @@
-"""`run.py --slurm` and `tune.py --slurm N` (issue 73).
+"""`run.py --slurm` and `tune.py --slurm N`.
 
 Without a cluster (in `make test`): the job script `--dry-run` prints (one array job, one task a selected run, the
 cluster options), the storages `tune.py --slurm` refuses, options of the job given without `--slurm`.
