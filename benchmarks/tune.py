@@ -301,7 +301,9 @@ def open_study(s: argparse.Namespace):
         study.set_user_attr("config", s.config)
     elif stored != s.config:
         diff = {k: (stored.get(k), v) for k, v in s.config.items() if stored.get(k) != v}
-        raise Error(f"study {s.study!r} in {s.storage} was started with another config (stored, now): {diff}; give --study")
+        raise Error(
+            f"study {s.study!r} in {s.storage} was started with another config (stored, now): {diff}; use another --study"
+        )
     return study
 
 
@@ -422,7 +424,8 @@ def write_outputs(s: argparse.Namespace, study) -> None:
     if "user_attrs_flags" in table:
         table["user_attrs_flags"] = table["user_attrs_flags"].map(lambda f: shlex.join(f) if isinstance(f, list) else "")
     atomic_write(s.out / "trials.csv", lambda tmp: table.to_csv(tmp, index=False))
-    counts = table["state"].value_counts().to_dict() if len(table) else {}
+    states = [t.state.name for t in study.get_trials(deepcopy=False)]
+    counts = {k: states.count(k) for k in ("COMPLETE", "PRUNED", "FAIL", "RUNNING") if k in states}
     print(f"\nstudy {s.study}: {len(table)} trials (" + ", ".join(f"{n} {k.lower()}" for k, n in counts.items()) + ")")
     if counts.get("COMPLETE"):
         commands = best_commands(s, study.best_trial)
