@@ -541,7 +541,6 @@ class Run:
     optimizer: torch.optim.Optimizer
     reward_scaler: RewardScaler
     obs_rms: RunningMeanStd
-    threads: int = 1  # CPU threads of the update
     global_step: int = 0
     iteration: int = 0
     last_eval: float | None = None
@@ -604,7 +603,7 @@ def set_up(args: Args) -> Run:
     torch.set_num_threads(threads)  # the update's
     obs_rms = RunningMeanStd((obs_dim,), args.norm_obs)
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
-    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), scaler, obs_rms, threads)
+    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), scaler, obs_rms)
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
         run.agent.load_state_dict(source["agent"])
         run.obs_rms.load_state_dict(source["obs_rms"])
@@ -624,18 +623,16 @@ class DeferredCtrlC:
 
     def __init__(self):
         self.pressed, self.previous = False, signal.getsignal(signal.SIGINT)
-        self.installed = self.previous not in (signal.SIG_IGN, None) and threading.current_thread() is threading.main_thread()
-        if self.installed:
+        if self.previous not in (signal.SIG_IGN, None) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self.check)
 
-    def check(self, *pressed_now) -> None:
-        """The loop's check, and SIGINT's handler: a press already noted is raised, a new one noted."""
+    def check(self, *pressed_now) -> None:  # the loop's check; as SIGINT's handler, it notes a first press
         if self.pressed:
             raise KeyboardInterrupt
         self.pressed = bool(pressed_now)
 
     def restore(self) -> None:
-        if self.installed:
+        if signal.getsignal(signal.SIGINT) == self.check:
             signal.signal(signal.SIGINT, self.previous)
 
 
@@ -665,10 +662,10 @@ def train(args: Args) -> dict:
         print(f"training to step {end_step}: {rounded}")
     recent_returns = deque(maxlen=20)
     train_time, trained_steps = 0.0, 0
+    # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
+    save_checkpoint(run, "last")
     ctrl_c = DeferredCtrlC()
     try:
-        # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
-        save_checkpoint(run, "last")
         for iteration in range(run.iteration + 1, num_iterations + 1):
             ctrl_c.check()
             tick = time.time()
@@ -690,7 +687,6 @@ def train(args: Args) -> dict:
             batch = {k: data[k].flatten(0, 1)[trained] for k in ("obs", "actions", "logprobs", "values")}
             batch.update(advantages=advantages.flatten()[trained], returns=returns.flatten()[trained])
             # ---- update
-            torch.set_num_threads(run.threads)
             stats = ppo_update(agent, optimizer, batch, args)
             run.iteration, run.global_step = iteration, run.global_step + batch_size
             save_checkpoint(run, "last")
@@ -715,8 +711,8 @@ def train(args: Args) -> dict:
                     save_checkpoint(run, "best")
             print_progress(run, sps, np.mean(recent_returns or [math.nan]), final=last)
     except TrainingDiverged as e:  # raised by ppo_update before the step was counted
-        kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
-        raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
+        stopped = f"at global step {run.global_step + batch_size}; stopped"
+        raise TrainingDiverged(f"{e} {stopped}. Last good checkpoint: {last_checkpoint(run)}") from None
     except OSError as e:  # a write that failed (a full disk): the checkpoint it would have replaced is kept
         raise OSError(f"{e}; stopped. Last good checkpoint: {last_checkpoint(run)}") from None
     except KeyboardInterrupt:
@@ -762,7 +758,6 @@ def resolve_env_id(env_id: str) -> str:
         except Exception as e:  # its import loads the renderer that MUJOCO_GL names
             reason, gl = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", os.environ.get("MUJOCO_GL")
             raise ConfigError(f"dm_control does not import with MUJOCO_GL={gl!r} ({reason})") from None
-
         gym.register_envs(shimmy)
         match = re.fullmatch(r"dm_control/(\w+)(?:/(\w+)|-(\w+)-v0)", env_id)
         if match is None:
@@ -1048,8 +1043,6 @@ def save_checkpoint(run: Run, kind: str) -> None:
 def last_checkpoint(run: Run) -> str:
     """`_last.pt` and its step, read back from the file: a Ctrl-C or a failed write can land after a save's rename."""
     path = run.path("last")
-    if not os.path.isfile(path):
-        return "none, none was written"
     return f"{path} (step {torch.load(path, map_location='cpu', weights_only=True)['global_step']})"
 
 
@@ -1138,15 +1131,12 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
     policy = choose_policy(args, space)
     if args.capture_video:
         check_video(args.env_id, gl_backend)
-    try:
-        os.makedirs(args.output_dir, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created ({e.strerror or e})") from None
     try:  # a real write of 1 MiB: root passes os.access where writes fail (/sys), and a full disk fails here, in one line
+        os.makedirs(args.output_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=args.output_dir) as probe:
             probe.write(bytes(2**20))
     except OSError as e:
-        raise ConfigError(f"--output-dir {args.output_dir!r} is not writable ({e.strerror or e})") from None
+        raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created or written ({e.strerror or e})") from None
     return policy
 
 

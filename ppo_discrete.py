@@ -393,9 +393,8 @@ class Run:
         return os.path.join(self.run_dir, f"{SCRIPT}_{kind}.pt")
 
     def close(self) -> None:
-        self.envs.close()
-        self.eval_envs.close()
-        self.writer.close()
+        for resource in (self.envs, self.eval_envs, self.writer):
+            resource.close()
         if self.args.track:
             import wandb
 
@@ -416,7 +415,6 @@ def set_up(args: Args) -> Run:
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
-
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -431,7 +429,6 @@ def set_up(args: Args) -> Run:
     writer = SummaryWriter(run_dir)
     table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-
     envs = make_vector_env(args, args.num_envs, args.seed)
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, render_first=args.capture_video)
     obs_dim = envs.single_observation_space.shape[0]
@@ -461,18 +458,16 @@ class DeferredCtrlC:
 
     def __init__(self):
         self.pressed, self.previous = False, signal.getsignal(signal.SIGINT)
-        self.installed = self.previous not in (signal.SIG_IGN, None) and threading.current_thread() is threading.main_thread()
-        if self.installed:
+        if self.previous not in (signal.SIG_IGN, None) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self.check)
 
-    def check(self, *pressed_now) -> None:
-        """The loop's check, and SIGINT's handler: a press already noted is raised, a new one noted."""
+    def check(self, *pressed_now) -> None:  # the loop's check; as SIGINT's handler, it notes a first press
         if self.pressed:
             raise KeyboardInterrupt
         self.pressed = bool(pressed_now)
 
     def restore(self) -> None:
-        if self.installed:
+        if signal.getsignal(signal.SIGINT) == self.check:
             signal.signal(signal.SIGINT, self.previous)
 
 
@@ -505,17 +500,16 @@ def train(args: Args) -> dict:
         print(f"training to step {end_step}: {rounded}")
     recent_returns = deque(maxlen=20)
     train_time, trained_steps = 0.0, 0
+    # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
+    save_checkpoint(run, "last")
     ctrl_c = DeferredCtrlC()
     try:
-        # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
-        save_checkpoint(run, "last")
         for iteration in range(run.iteration + 1, num_iterations + 1):
             ctrl_c.check()
             tick = time.time()
             if args.anneal_lr:
                 # LaTeX: \alpha_u = \alpha_0 \left(1 - \frac{u - 1}{U}\right)
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
-
             # ---- collect a rollout with the current policy
             raw_obs, episodes = collect_rollout(acting_agent, run.envs, raw_obs, run.obs_rms, cpu, rollout)
             ctrl_c.check()  # the rollout is dropped: _last holds the update before it
@@ -523,14 +517,12 @@ def train(args: Args) -> dict:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
                 writer.add_scalar("charts/episodic_length", episode_length, run.global_step + offset)
-
             # ---- advantages and value targets
             data = {k: torch.as_tensor(v, device=run.device) for k, v in vars(rollout).items()}
             gae_inputs = [data[k] for k in ("rewards", "values", "next_values", "terminated", "truncated")]
             advantages, returns = compute_gae(*gae_inputs, args.gamma, args.gae_lambda)
             batch = {k: data[k].flatten(0, 1) for k in ("obs", "actions", "logprobs", "values")}
             batch.update(advantages=advantages.flatten(), returns=returns.flatten())
-
             # ---- update
             stats = ppo_update(agent, optimizer, batch, args)
             if acting_agent is not agent:
@@ -538,7 +530,6 @@ def train(args: Args) -> dict:
             run.iteration, run.global_step = iteration, run.global_step + batch_size
             save_checkpoint(run, "last")
             train_time, trained_steps = train_time + time.time() - tick, trained_steps + batch_size
-
             # ---- log
             sps = trained_steps / train_time
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], run.global_step)
@@ -546,7 +537,6 @@ def train(args: Args) -> dict:
             stats["explained_variance"] = explained_variance(batch["values"], batch["returns"])
             for key, value in stats.items():
                 writer.add_scalar(f"losses/{key}", value, run.global_step)
-
             # ---- evaluate and save: every eval_interval steps, and at the end
             every, last = args.eval_interval, iteration == num_iterations
             if last or (every > 0 and run.global_step // every > (run.global_step - batch_size) // every):
@@ -558,8 +548,8 @@ def train(args: Args) -> dict:
                     save_checkpoint(run, "best")
             print_progress(run, sps, recent_returns, final=last)
     except TrainingDiverged as e:  # raised by ppo_update before the step was counted
-        kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
-        raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
+        stopped = f"at global step {run.global_step + batch_size}; stopped"
+        raise TrainingDiverged(f"{e} {stopped}. Last good checkpoint: {last_checkpoint(run)}") from None
     except OSError as e:  # a write that failed (a full disk): the checkpoint it would have replaced is kept
         raise OSError(f"{e}; stopped. Last good checkpoint: {last_checkpoint(run)}") from None
     except KeyboardInterrupt:
@@ -605,7 +595,6 @@ def resolve_env_id(env_id: str) -> str:
         except Exception as e:  # its import loads the renderer that MUJOCO_GL names
             reason, gl = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", os.environ.get("MUJOCO_GL")
             raise ConfigError(f"dm_control does not import with MUJOCO_GL={gl!r} ({reason})") from None
-
         gym.register_envs(shimmy)
         match = re.fullmatch(r"dm_control/(\w+)(?:/(\w+)|-(\w+)-v0)", env_id)
         if match is None:
@@ -724,8 +713,6 @@ def save_checkpoint(run: Run, kind: str) -> None:
 def last_checkpoint(run: Run) -> str:
     """`_last.pt` and its step, read back from the file: a Ctrl-C or a failed write can land after a save's rename."""
     path = run.path("last")
-    if not os.path.isfile(path):
-        return "none, none was written"
     return f"{path} (step {torch.load(path, map_location='cpu', weights_only=True)['global_step']})"
 
 
@@ -814,15 +801,12 @@ def check_args(args: Args) -> None:
     if not isinstance(space, gym.spaces.Discrete):
         needs = f"{SCRIPT}.py needs Discrete actions: use ppo_continuous.py or vmpo_continuous.py"
         raise ConfigError(f"{args.env_id} has a {type(space).__name__} action space; {needs}")
-    try:
-        os.makedirs(args.output_dir, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created ({e.strerror or e})") from None
     try:  # a real write of 1 MiB: root passes os.access where writes fail (/sys), and a full disk fails here, in one line
+        os.makedirs(args.output_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=args.output_dir) as probe:
             probe.write(bytes(2**20))
     except OSError as e:
-        raise ConfigError(f"--output-dir {args.output_dir!r} is not writable ({e.strerror or e})") from None
+        raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created or written ({e.strerror or e})") from None
 
 
 if __name__ == "__main__":

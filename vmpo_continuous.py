@@ -701,7 +701,6 @@ class Run:
     duals: DualVariables
     obs_rms: RunningMeanStd
     reward_scaler: RewardScaler
-    threads: int = 1  # CPU threads of the update
     global_step: int = 0
     iteration: int = 0
     last_eval: float | None = None
@@ -765,7 +764,7 @@ def set_up(args: Args) -> Run:
     obs_rms = RunningMeanStd(eval_envs.single_observation_space.shape, args.norm_obs)
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
     optimizers = build_optimizers(agent, duals, args)
-    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, optimizers, duals, obs_rms, scaler, threads)
+    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, optimizers, duals, obs_rms, scaler)
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
         run.agent.load_state_dict(source["agent"])
         run.obs_rms.load_state_dict(source["obs_rms"])
@@ -787,18 +786,16 @@ class DeferredCtrlC:
 
     def __init__(self):
         self.pressed, self.previous = False, signal.getsignal(signal.SIGINT)
-        self.installed = self.previous not in (signal.SIG_IGN, None) and threading.current_thread() is threading.main_thread()
-        if self.installed:
+        if self.previous not in (signal.SIG_IGN, None) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self.check)
 
-    def check(self, *pressed_now) -> None:
-        """The loop's check, and SIGINT's handler: a press already noted is raised, a new one noted."""
+    def check(self, *pressed_now) -> None:  # the loop's check; as SIGINT's handler, it notes a first press
         if self.pressed:
             raise KeyboardInterrupt
         self.pressed = bool(pressed_now)
 
     def restore(self) -> None:
-        if self.installed:
+        if signal.getsignal(signal.SIGINT) == self.check:
             signal.signal(signal.SIGINT, self.previous)
 
 
@@ -815,7 +812,7 @@ def train(args: Args) -> dict:
     args, agent, optimizers, writer = run.args, run.agent, run.optimizers, run.writer
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
-    default_threads = torch.get_num_threads()
+    threads = torch.get_num_threads()  # the update's, as set_up leaves them
     # The rollout acts on the CPU, too small a pass to pay for a GPU's launches; on a GPU, a CPU copy synced after updates.
     cpu = torch.device("cpu")
     acting_agent = agent if run.device == cpu else copy.deepcopy(agent).to(cpu)
@@ -831,10 +828,10 @@ def train(args: Args) -> dict:
         print(f"training to step {end_step}: {rounded}")
     recent_returns = deque(maxlen=20)
     train_time, trained_steps = 0.0, 0
+    # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
+    save_checkpoint(run, "last")
     ctrl_c = DeferredCtrlC()
     try:
-        # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
-        save_checkpoint(run, "last")
         for iteration in range(run.iteration + 1, num_iterations + 1):
             ctrl_c.check()
             tick = time.time()
@@ -857,12 +854,12 @@ def train(args: Args) -> dict:
             advantages, returns = compute_gae(*target_inputs, args.gamma, args.gae_lambda)
             batch = rollout.batch(advantages, returns, run.device)
             # ---- update
-            torch.set_num_threads(run.threads)  # the batch's matrix products do use the cores
+            torch.set_num_threads(threads)  # the batch's matrix products do use the cores
             try:
                 stats = vmpo_update(agent, run.duals, optimizers, batch, args)
             except TrainingDiverged as e:
-                kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
-                raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
+                stopped = f"at global step {run.global_step + batch_size}; stopped"
+                raise TrainingDiverged(f"{e} {stopped}. Last good checkpoint: {last_checkpoint(run)}") from None
             if acting_agent is not agent:
                 acting_agent.load_state_dict(agent.state_dict())
             run.iteration, run.global_step = iteration, run.global_step + batch_size
@@ -896,7 +893,7 @@ def train(args: Args) -> dict:
         raise
     finally:
         ctrl_c.restore()
-        torch.set_num_threads(default_threads)
+        torch.set_num_threads(threads)
         with contextlib.suppress(OSError) if sys.exc_info()[1] else contextlib.nullcontext():
             run.close()  # after a failed write, TensorBoard's writer raises it again: once is enough
     summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=sps, wall_time=time.time() - start_time)
@@ -944,7 +941,6 @@ def resolve_env_id(env_id: str) -> str:
         except Exception as e:  # its import loads the renderer that MUJOCO_GL names
             reason, gl = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", os.environ.get("MUJOCO_GL")
             raise ConfigError(f"dm_control does not import with MUJOCO_GL={gl!r} ({reason})") from None
-
         gym.register_envs(shimmy)
         match = re.fullmatch(r"dm_control/(\w+)(?:/(\w+)|-(\w+)-v0)", env_id)
         if match is None:
@@ -1232,8 +1228,6 @@ def save_checkpoint(run: Run, kind: str) -> None:
 def last_checkpoint(run: Run) -> str:
     """`_last.pt` and its step, read back from the file: a Ctrl-C or a failed write can land after a save's rename."""
     path = run.path("last")
-    if not os.path.isfile(path):
-        return "none, none was written"
     return f"{path} (step {torch.load(path, map_location='cpu', weights_only=True)['global_step']})"
 
 
@@ -1323,15 +1317,12 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
     policy = choose_policy(args, space)
     if args.capture_video:
         check_video(args.env_id, gl_backend)
-    try:
-        os.makedirs(args.output_dir, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created ({e.strerror or e})") from None
     try:  # a real write of 1 MiB: root passes os.access where writes fail (/sys), and a full disk fails here, in one line
+        os.makedirs(args.output_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=args.output_dir) as probe:
             probe.write(bytes(2**20))
     except OSError as e:
-        raise ConfigError(f"--output-dir {args.output_dir!r} is not writable ({e.strerror or e})") from None
+        raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created or written ({e.strerror or e})") from None
     return policy
 
 

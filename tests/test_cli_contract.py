@@ -159,7 +159,7 @@ def bad_inputs() -> list:
         (["--seed", "-1"], {}, "--seed must be in [0, 2**32) (numpy's seeds), got -1"),
         (["--seed", "4294967296"], {}, "--seed must be in [0, 2**32) (numpy's seeds), got 4294967296"),
         (["--eval-episodes", "1000000000"], {}, "--eval-episodes must be in [1, 1000] (one env each), got 1000000000"),
-        (["--output-dir", "/sys/kernel"], {}, "--output-dir '/sys/kernel' is not writable ("),
+        (["--output-dir", "/sys/kernel"], {}, "--output-dir '/sys/kernel' cannot be created or written ("),
         (["--env-id", "dm_control/cartpole/balance"], {"MUJOCO_GL": "nonsense"}, "dm_control does not import with "),
         (["--ent-coef", "-1"], {}, "--ent-coef must be >= 0, got -1.0"),
         (["--vf-coef", "-1"], {}, "--vf-coef must be >= 0, got -1.0"),
@@ -202,7 +202,7 @@ def test_an_output_dir_that_cannot_be_created_is_one_clear_error(name, where, tm
         (tmp_path / "a-file").write_text("")
         output_dir, reason = str(tmp_path / "a-file" / "runs"), "Not a directory"
     module = importlib.import_module(name)
-    with pytest.raises(module.ConfigError, match=rf"--output-dir '{output_dir}' cannot be created \({reason}\)"):
+    with pytest.raises(module.ConfigError, match=rf"--output-dir '{output_dir}' cannot be created or written \({reason}\)"):
         train(name, *tiny_cli(name, "--total-timesteps", str(BATCH), "--output-dir", output_dir))
 
 
