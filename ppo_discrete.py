@@ -247,8 +247,7 @@ def collect_rollout(agent, envs, raw_obs, obs_rms, device, buf: Rollout) -> tupl
         obs_t = as_tensor(raw_obs, obs_rms, device)
         value_t = agent.get_value(obs_t)
         buf.next_values[step] = value_t.cpu().numpy()
-        # SAME_STEP autoreset: raw_obs of an ended env is already the reset one, so a truncated
-        # step bootstraps from the real final observation instead (terminated ones are masked in GAE).
+        # SAME_STEP: an ended env's raw_obs is the reset one; a truncated step bootstraps from its real final observation.
         if truncated.any():
             final_obs = np.stack([infos["final_obs"][i] for i in np.flatnonzero(truncated)])
             buf.next_values[step, truncated] = agent.get_value(as_tensor(final_obs, obs_rms, device)).cpu().numpy()
@@ -452,9 +451,8 @@ def set_up(args: Args) -> Run:
 
 
 class DeferredCtrlC:
-    """Ctrl-C is noted and raised at the loop's next `check`: raised inside TensorBoard's writer, it can leave the writer's
-    lock held, and closing the run then hangs. A second press raises at once. Off the main thread, or where SIGINT is
-    ignored (nohup), nothing changes."""
+    """Ctrl-C, raised at the loop's next `check`, not inside TensorBoard's writer, whose lock it can leave held (closing the
+    run then hangs); a second press raises at once. Off the main thread, or where SIGINT is ignored (nohup), no change."""
 
     def __init__(self):
         self.pressed, self.previous = False, signal.getsignal(signal.SIGINT)
@@ -485,8 +483,7 @@ def train(args: Args) -> dict:
     batch_size = args.num_envs * args.num_steps
     # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
     num_iterations = args.total_timesteps // batch_size
-    # The rollout acts on the CPU: a forward pass on num_envs observations per env step is too small to pay for a
-    # GPU's kernel launches and copies. Training on a GPU, it acts with a CPU copy, synced after every update.
+    # The rollout acts on the CPU, too small a pass to pay for a GPU's launches; on a GPU, a CPU copy synced after updates.
     cpu = torch.device("cpu")
     acting_agent = agent if run.device == cpu else copy.deepcopy(agent).to(cpu)
     rollout = Rollout.empty(args.num_steps, run.envs)

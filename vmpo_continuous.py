@@ -780,9 +780,8 @@ def set_up(args: Args) -> Run:
 
 
 class DeferredCtrlC:
-    """Ctrl-C is noted and raised at the loop's next `check`: raised inside TensorBoard's writer, it can leave the writer's
-    lock held, and closing the run then hangs. A second press raises at once. Off the main thread, or where SIGINT is
-    ignored (nohup), nothing changes."""
+    """Ctrl-C, raised at the loop's next `check`, not inside TensorBoard's writer, whose lock it can leave held (closing the
+    run then hangs); a second press raises at once. Off the main thread, or where SIGINT is ignored (nohup), no change."""
 
     def __init__(self):
         self.pressed, self.previous = False, signal.getsignal(signal.SIGINT)
@@ -964,16 +963,9 @@ def resolve_env_id(env_id: str) -> str:
     return name
 
 
-# Headless MuJoCo rendering: each MUJOCO_GL backend and the shared library it loads, in order of preference.
-GL_BACKENDS = (("egl", ("libEGL.so.1",)), ("osmesa", ("libOSMesa.so.8", "libOSMesa.so.6", "libOSMesa.so")))
+# Headless MuJoCo rendering: each MUJOCO_GL backend and a shared library it loads, in order of preference.
+GL_BACKENDS = (("egl", "libEGL.so.1"), ("osmesa", "libOSMesa.so.8"), ("osmesa", "libOSMesa.so.6"), ("osmesa", "libOSMesa.so"))
 GL_PACKAGES = "Mesa's EGL (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0) or OSMesa (apt-get install libosmesa6)"
-
-
-def library_loads(names: tuple[str, ...]) -> bool:
-    for name in names:
-        with contextlib.suppress(OSError):
-            return ctypes.CDLL(name) is not None
-    return False
 
 
 def choose_gl_backend(capture_video: bool) -> str | None:
@@ -982,9 +974,13 @@ def choose_gl_backend(capture_video: bool) -> str | None:
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     if "MUJOCO_GL" in os.environ or (capture_video and sys.platform != "linux"):
         return os.environ.get("MUJOCO_GL", "default")  # "default": MuJoCo's own windowing (macOS, Windows)
-    backend = next((name for name, libraries in GL_BACKENDS if library_loads(libraries)), None) if capture_video else "disable"
-    os.environ["MUJOCO_GL"] = backend or "disable"
-    return backend
+    os.environ["MUJOCO_GL"] = "disable"
+    for backend, library in GL_BACKENDS if capture_video else ():
+        with contextlib.suppress(OSError):  # a library that does not load
+            ctypes.CDLL(library)
+            os.environ["MUJOCO_GL"] = backend
+            return backend
+    return None if capture_video else "disable"
 
 
 def check_video(env_id: str, gl_backend: str | None) -> None:
