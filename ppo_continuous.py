@@ -108,7 +108,7 @@ class Args:
     torch_threads: int = 0
     """CPU threads of the update (0: torch's default, the machine's cores or OMP_NUM_THREADS); the rollout acts in numpy"""
     target_kl: float | None = None
-    """end the update after an epoch whose mean approximate KL exceeds this (e.g. 0.02 where updates overshoot)"""
+    """end the update after an epoch whose approximate KL (the policy's change, RPO's shift aside) exceeds this, e.g. 0.02"""
     policy: Literal["auto", "gaussian", "beta"] = "auto"
     """the policy family. auto: gaussian on dm_control/... tasks or an unbounded box, else beta; gaussian: the env clips"""
     rpo_alpha: float | None = None
@@ -497,13 +497,12 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
         for minibatch in shuffled[: minibatch_size * args.num_minibatches].split(minibatch_size):
             obs, actions, old_logprob, advantages, returns, old_values = minibatch.split(widths, dim=1)
             params = agent.policy(obs)
-            new_logprob = family.log_prob(family.shift(params, args.rpo_alpha), actions).unsqueeze(1)
             # LaTeX: \log \rho_t = \log \pi_\theta(a_t \mid s_t) - \log \pi_{\theta_\mathrm{old}}(a_t \mid s_t)
-            logratio = new_logprob - old_logprob
-            ratio = torch.exp(logratio)
+            logratio = family.log_prob(family.shift(params, args.rpo_alpha), actions).unsqueeze(1) - old_logprob
+            logratios.append(torch.cat([family.log_prob(params, actions).unsqueeze(1) - old_logprob, logratio], 1).detach())
             if args.norm_adv:
                 advantages = normalize_advantages(advantages)
-            pg_loss = clipped_surrogate_loss(ratio, advantages, args.clip_coef)
+            pg_loss = clipped_surrogate_loss(torch.exp(logratio), advantages, args.clip_coef)
             v_loss = value_loss(agent.critic(obs), old_values, returns, args.clip_coef, args.clip_vloss)
             entropy = family.entropy(params).mean()
             # LaTeX: L = L^{\mathrm{CLIP}} - c_H \mathcal{H}[\pi_\theta] + c_V L^{V}
@@ -513,17 +512,18 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
             losses.append(torch.stack([pg_loss, v_loss, entropy]).detach())
-            logratios.append(logratio.detach())
-        if args.target_kl is not None and approx_kl(torch.cat(logratios[-args.num_minibatches :]))[1] > args.target_kl:
+        if args.target_kl is not None and approx_kl(torch.cat(logratios[-args.num_minibatches :])[:, 0])[1] > args.target_kl:
             break  # this epoch's mean KL estimate is past the target
     # Checked once after the update, not per minibatch: a check reads the value back, which on a GPU waits for the queue.
     stats = dict(zip(("policy_loss", "value_loss", "entropy"), torch.stack(losses).mean(0).tolist(), strict=True))
     bad = [name for name, value in stats.items() if not math.isfinite(value)]
     if bad or not all(torch.isfinite(p).all() for p in agent.parameters()):  # an inf gradient can leave the loss finite
         raise TrainingDiverged(f"non-finite {', '.join(bad) or 'parameters'}")
-    old_kl, kl = approx_kl(torch.cat(logratios))
-    clipfrac = (torch.cat(logratios).exp().sub(1.0).abs() > args.clip_coef).float().mean()
-    return {**stats, "old_approx_kl": old_kl.item(), "approx_kl": kl.item(), "clipfrac": clipfrac.item(), "epochs": epoch}
+    change, shifted = torch.cat(logratios).unbind(1)  # the policy's log-ratio (RPO's shift is noise, not a change); the loss's
+    old_kl, kl = approx_kl(change)
+    clipfrac, rpo_clipfrac = ((torch.stack([change, shifted]).exp() - 1.0).abs() > args.clip_coef).float().mean(1)
+    stats |= {"old_approx_kl": old_kl.item(), "approx_kl": kl.item(), "clipfrac": clipfrac.item(), "epochs": epoch}
+    return stats | {"rpo_clipfrac": rpo_clipfrac.item()}
 
 
 # ---------------------------------------------------------------------------------------

@@ -110,18 +110,10 @@ class Args:
     """learning rate of the temperature (one step per iteration)"""
     epsilon_eta: float = 0.15
     """KL bound of the E-step weights (temperature dual)"""
-    m_steps: int = 80
-    """M-step gradient steps per iteration"""
-    num_minibatches: int = 8
-    """minibatches of the rollout: each M-step uses one, reshuffled every num_minibatches steps (1: full-batch M-steps)"""
     policy_lr: float = 1e-3
     """learning rate of the policy parameters"""
     value_lr: float = 5e-4
     """learning rate of the value parameters"""
-    max_grad_norm: float = 0.5
-    """global gradient-norm clip of the M-step"""
-    norm_adv: bool = True
-    """normalize advantages over the batch's trained samples (not reset steps)"""
     epsilon_mu: float = 0.05
     """KL bound on the change of the policy's mean per iteration (the Gaussian's or the Beta's)"""
     epsilon_sigma: float = 0.001
@@ -138,11 +130,20 @@ class Args:
     """initial log-std of the Gaussian (None: 0, std 1): the parameter, or the log-std head's bias; the Beta has none"""
 
     # This file's departures from the paper: each default, and the value that gives the paper's.
+    m_steps: int = 80
+    """M-step gradient steps per rollout (paper: one per fresh batch, its pi_old a target net 100 steps old; nearest: 1)"""
+    num_minibatches: int = 8
+    """minibatches of the rollout, one per M-step, reshuffled each pass, psi scaled by their number (1: the paper's)"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip of the M-step, PPO's (the seed's 10; the paper's update has none: a large value)"""
+    norm_adv: bool = True
+    """normalize advantages over the batch's trained samples (not reset steps), as the seed does (off: the paper's)"""
     policy: Literal["auto", "gaussian", "beta"] = "auto"
     """the policy family (paper: a Gaussian). auto: gaussian on dm_control/... tasks or an unbounded box, else beta;
     gaussian: the env clips its samples; beta: a Beta on the action box"""
     m_step: Literal["seed", "clip"] = "clip"
-    """M-step loss: clip (pull to the top k up to ratio 1 + eps, push off the bottom k down to 1 - eps); seed (the paper's)"""
+    """M-step loss: clip (the top k pulled to ratio 1 + eps, the bottom k pushed to 1 - eps) or seed (the paper's); both
+    bound the KLs over the top-k states (paper: all), alpha stepped first, the policy with its new value (paper: jointly)"""
     m_step_clip: float = 0.2
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
     rpo_alpha: float | None = None
@@ -164,7 +165,7 @@ class Args:
 
 
 SCRIPT = "vmpo_continuous"  # written into every checkpoint, so another script's files are recognised
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the clamp of the Gaussian's log-std: std in [0.007, 7.4]
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # std in [0.007, 7.4]; runs come near (walker: 4.6), so the clamp passes its gradient
 
 
 class ConfigError(ValueError):
@@ -250,7 +251,8 @@ class GaussianPolicy(BoxPolicy):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         mean = self.mean(h)
         log_std = self.log_std.expand_as(mean) if self.ppo_like else self.log_std(h)
-        return torch.stack([mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)], dim=-2)
+        outside = ((log_std < LOG_STD_MIN) | (log_std > LOG_STD_MAX)).float()  # where the clamp passes no gradient
+        return torch.stack([mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX) + outside * (log_std - log_std.detach())], dim=-2)
 
     def sample(self, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         mean, log_std = params.unbind(-2)
@@ -581,7 +583,7 @@ def clipped_likelihood_loss(weights, push_weights, log_ratio: torch.Tensor, clip
 
 
 def m_step_losses(family, params, values, mb: dict, m_step: str, clip: float, rpo_alpha: float) -> dict:
-    """The M-step's losses on one minibatch: the likelihood of --m-step, the decoupled KLs, the value loss, their inputs."""
+    """The M-step's losses on one minibatch: the likelihood of --m-step, the decoupled KLs, the value loss; the clip's cut."""
     # RPO's shift moves only the likelihood's policy: the KL bounds, the old log-probability and acting see its own.
     # LaTeX: \log \pi_\theta(a_t|s_t) = \log \pi(\operatorname{clip}(u_t) \mid \tilde{\mu}_\theta(s_t), \sigma_\theta(s_t)) \ \text{(Gaussian)}, \quad \log \mathrm{Beta}(x_t \mid \tilde{\alpha}_\theta(s_t), \tilde{\beta}_\theta(s_t)) \ \text{(Beta)}
     log_prob = family.log_prob(family.shift(params, rpo_alpha), mb["u"])
@@ -591,13 +593,14 @@ def m_step_losses(family, params, values, mb: dict, m_step: str, clip: float, rp
         likelihood_loss = clipped_likelihood_loss(mb["psi"], mb["psi_minus"], log_ratio, clip)
     else:
         likelihood_loss = nll_loss(mb["psi"], log_prob)
-    kl_mu_t, kl_sigma_t = family.decoupled_kl(params, mb["params"])
     # LaTeX: (D_\mu, D_\sigma) = \frac{1}{N_{sel}} \sum_{t \in \mathcal{S}} \big(D_\mu(s_t), D_\sigma(s_t)\big)
-    kl_mu, kl_sigma = masked_mean(kl_mu_t, mb["selected"]), masked_mean(kl_sigma_t, mb["selected"])
+    kl_mu, kl_sigma = (masked_mean(kl, mb["selected"]) for kl in family.decoupled_kl(params, mb["params"]))
     # LaTeX: \mathcal{L}_V = \frac{1}{2 N_{valid}} \sum_{t : w^{restart}_t = 1} (V_\phi(s_t) - R_t)^2
     value_loss = 0.5 * masked_mean((values - mb["returns"]) ** 2, mb["restarting"])
-    losses = {"likelihood": likelihood_loss, "kl_mu": kl_mu, "kl_sigma": kl_sigma, "value": value_loss}
-    return losses | {"log_ratio": log_ratio, "kl_mu_t": kl_mu_t, "kl_sigma_t": kl_sigma_t}  # and the diagnostics' inputs
+    # The share of the clip's terms it cuts (seed: would cut): the pull's above 1 + clip, the push's below 1 - clip.
+    cut = torch.cat([log_ratio > math.log1p(clip), log_ratio < math.log1p(-clip)]).float()
+    clipfrac = masked_mean(cut, torch.cat([mb["psi"] > 0, mb["psi_minus"] > 0]).float())
+    return {"likelihood": likelihood_loss, "kl_mu": kl_mu, "kl_sigma": kl_sigma, "value": value_loss, "clipfrac": clipfrac}
 
 
 def build_optimizers(agent: Agent, duals: DualVariables, args: Args) -> dict[str, torch.optim.Optimizer]:
@@ -634,8 +637,8 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     optimizers["temperature"].zero_grad()
     estep["dual_loss"].backward()
     optimizers["temperature"].step()
-    # --m-step clip's push: the mirror E-step (same temperature and k, negated advantages), exp(-s_t) on the bottom k.
-    # LaTeX: \psi^-_t \propto \bar{w}^-_t e^{-s_t}, \quad \bar{w}^-_t = w^{restart}_t [t \in \mathrm{BottomK}(s, k)]
+    # --m-step clip's push: the mirror E-step (same k, negated advantages), at eta' after the step (the pull's: before).
+    # LaTeX: \psi^-_t \propto \bar{w}^-_t e^{-w^{restart}_t \hat{A}_t / \eta'}, \quad \bar{w}^-_t = w^{restart}_t [t \in \mathrm{BottomK}(s, k)]
     push_weights = e_step(-advantages, restarting, duals.temperature().detach(), args.topk_fraction, 0.0)["weights"]
     # psi sums to 1 over the batch: scaling a minibatch's weights by N / n keeps the likelihood's size against the KLs.
     family = agent.policy_head
@@ -667,17 +670,14 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizers["model"].step()
 
-    # ---- Diagnostics: the last M-step's (its minibatch); the KLs and the clip fraction over non-restarting samples.
+    # ---- Diagnostics: the last M-step's (its minibatch); the KLs that the multipliers and the temperature's dual bound.
     with torch.no_grad():
-        valid, ratio = mb["restarting"], losses["log_ratio"].exp()
         stats = {"losses/policy_loss": policy_loss, "losses/value_loss": losses["value"], "losses/alpha_loss": alpha_loss}
-        stats["losses/temperature_loss"] = estep["dual_loss"]
+        stats |= {"losses/temperature_loss": estep["dual_loss"], "losses/clipfrac": losses["clipfrac"]}
         stats["losses/entropy"] = masked_mean(family.entropy(params), mb["selected"])
-        stats["losses/clipfrac"] = masked_mean(((ratio - 1.0).abs() > args.m_step_clip).float(), valid)
-        stats["kl/mu"], stats["kl/sigma"] = masked_mean(losses["kl_mu_t"], valid), masked_mean(losses["kl_sigma_t"], valid)
+        stats |= {"kl/mu": losses["kl_mu"], "kl/sigma": losses["kl_sigma"], "vmpo/kl_weights": estep["kl"]}
         stats |= {"vmpo/alpha_mu": alpha_mu, "vmpo/alpha_sigma": alpha_sigma, "vmpo/temperature": duals.temperature()}
         stats["vmpo/ess"] = 1.0 / (estep["weights"] ** 2).sum()  # effective sample size of the E-step weights
-        stats["vmpo/kl_weights"] = estep["kl"]  # the constraint the temperature's dual holds at epsilon_eta
     stats = {k: float(x.detach()) for k, x in stats.items()}
     bad = [k for k in stats if k.startswith("losses/") and not math.isfinite(stats[k])]
     if bad or not all(torch.isfinite(p).all() for p in [*agent.parameters(), *duals.parameters()]):

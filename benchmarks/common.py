@@ -33,7 +33,7 @@ DEFAULT_TAG = "default"
 # TensorBoard event (the script opening its writer), so it includes the evaluations.
 # train_return: the mean return of the last 10 training episodes that ended by the evaluation's step (the measure of
 # published training curves), empty when none had ended or in rows written before the column existed.
-# Which code made a row (issue 74), the same on every row of a run: `commit`, the script's repository at the run's start
+# Which code made a row, the same on every row of a run: `commit`, the script's repository at the run's start
 # (`git rev-parse HEAD`, `-dirty` when tracked files had uncommitted changes); `script`, the git blob id of the script
 # file that ran (what `git hash-object` prints; names the code exactly even on a dirty tree); `args_hash`, the
 # `args_hash()` of the args the run recorded; `versions`, `package_versions()`. Rows from before run.py wrote them, and
@@ -48,6 +48,14 @@ RESULT_FIELDS = (
 NEWER_RESULT_FIELDS = ("train_return", "backend", "cpu", *SOURCE_FIELDS)  # older results files lack them; read as unknown
 TRAIN_EPISODES = 10
 RUN_KEY = ("algo", "tag", "env", "seed", "budget")  # the columns naming one run
+# A finished run's last checkpoint evaluated again on more episodes (`run.py --final-episodes N`), one row a run in
+# `final_csv(<results CSV>)`: every episode's return, so a report can count the starts a policy succeeds from.
+FINAL_FIELDS = (*RUN_KEY, "step", "episodes", "return_mean", "return_std", "returns", *SOURCE_FIELDS)
+
+
+def final_csv(results_csv: Path) -> Path:
+    """`results/vmpo_continuous.csv` -> `results/vmpo_continuous_final.csv`."""
+    return Path(results_csv).with_name(Path(results_csv).stem + "_final.csv")
 
 
 class BenchmarkError(Exception):
@@ -108,7 +116,7 @@ def reject_managed(extra: Sequence[str], managed: Iterable[str], tool: str) -> N
             raise BenchmarkError(f"{flag} is set by {tool}; pass it to {tool} itself, not after `--`")
 
 
-# Gymnasium MuJoCo at 1M (issue 48's bars): the widely used PPO's published figures (1M where it has one, else 8M;
+# Gymnasium MuJoCo at 1M (the MuJoCo bars): the widely used PPO's published figures (1M where it has one, else 8M;
 # InvertedDoublePendulum: 7,350; Swimmer: 100), benchmarks/results/reference.md. report.py scores a run on these as
 # (return - random) / (bar - random), the random policy's return measured by random_returns.py.
 MUJOCO_BARS = {
@@ -134,7 +142,7 @@ SUITES = {
         "dm_control/ball_in_cup/catch": "500k",
         "dm_control/hopper/stand": "500k",
     },
-    # Gymnasium's MuJoCo tasks (issue 48): where most users start, with rewards that charge the action's size and
+    # Gymnasium's MuJoCo tasks: where most users start, with rewards that charge the action's size and
     # episodes that end when the body falls.
     "mujoco": {env: str(budget) for env, budget in MUJOCO_BARS},
 }
@@ -223,7 +231,7 @@ PUBLISHED_8M = {
     "dm_control/ball_in_cup/catch": (935.26, 939.75),
     "dm_control/hopper/stand": (3.26, 404.39),
 }
-# Issue 37's table: both scripts' defaults at 1M steps on these 22 tasks (the short suite's six last), beside the
+# table22: both scripts' defaults at 1M steps on these 22 tasks (the short suite's six last), beside the
 # published figures above; report.py's `table22` aggregate.
 SUITE_22 = list(PUBLISHED_8M)
 SUITES["table22"] = {env: "1M" for env in SUITE_22}  # run.py --suite table22
@@ -427,7 +435,7 @@ def read_eval_curve(run_dir: Path) -> list[dict]:
     return EvalReader(run_dir).read()
 
 
-# --- Where a row comes from (issue 74) ---------------------------------------------------------------------------------
+# --- Where a row comes from -------------------------------------------------------------------------------------------
 
 # Args fields left out of `args_hash`: the row's own columns (seed, env_id, total_timesteps; env_backend resolved is the
 # `backend` column), and what does not change what a run learns: names, logging and video, the evaluation (it draws on

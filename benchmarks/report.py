@@ -18,11 +18,11 @@ interquartile mean over runs with a 95% stratified bootstrap interval (rliable, 
 `<out>/profile_<suite>.png`, the performance profile (the fraction of runs scoring above tau times the bar). A config
 enters with the same number of seeds on every task: the first n seeds of each, n the fewest it has on any task.
 
-Then `table22` (issue 37), the same aggregate over `common.SUITE_22` at 1M steps with CleanRL's published RPO 8M
+Then `table22`, the same aggregate over `common.SUITE_22` at 1M steps with CleanRL's published RPO 8M
 return as the bar (`common.PUBLISHED_8M`), `<out>/profile_table22.png`, and per config the count of tasks whose mean
 final return over those seeds is at or above the published PPO 8M return (e.g. 13/22).
 
-Then `table30` (issue 56), the decision rule for a default: table22's 22 scores and the 8 MuJoCo scores together, on
+Then `table30`, the decision rule for a default: table22's 22 scores and the 8 MuJoCo scores together, on
 the same seeds, their IQM with its interval, the 22-task IQM on those seeds, the lowest MuJoCo task's mean score, and
 whether the config qualifies (`RULE_CONTROL_IQM`, `RULE_MUJOCO_FLOOR`).
 
@@ -190,11 +190,11 @@ def aggregate(groups: dict, out: Path, reps: int = 2000, note: str = "") -> str:
 
 
 TABLE22_BUDGET = 1_000_000
-# Issue 56's rule for a default, fixed before its runs: at least this 22-task IQM on the control suite, and at least
+# The rule for a default (study 2026-11-28-policy-auto), fixed before its runs: at least this 22-task IQM on the control suite, and at least
 # this score on every MuJoCo task (the mean over seeds).
 RULE_CONTROL_IQM, RULE_MUJOCO_FLOOR = 0.75, 0.2
 TABLE22_HEADER = (
-    "table22 (issue 37): final evaluation at 1M over CleanRL's published RPO 8M return, 22 dm_control tasks; last"
+    "table22: final evaluation at 1M over CleanRL's published RPO 8M return, 22 dm_control tasks; last"
     " column: the tasks whose mean final return is at or above the published PPO 8M return\n\n"
     "| suite | algo | tag | seeds per task | runs | IQM of return / RPO 8M [95% CI] | mean of return / RPO 8M |"
     " tasks at or above PPO 8M |\n"
@@ -223,7 +223,7 @@ def table22(groups: dict, out: Path, reps: int = 2000, note: str = "") -> str:
 
 
 TABLE30_HEADER = (
-    "table30 (issue 56's rule): the 22 dm_control tasks of table22 (return / RPO 8M) and the 8 MuJoCo tasks ((return -"
+    "table30 (the rule for a default): the 22 dm_control tasks of table22 (return / RPO 8M) and the 8 MuJoCo tasks ((return -"
     " random) / (bar - random)), all at 1M, on the same seeds; a config qualifies when its 22-task IQM is at least"
     f" {RULE_CONTROL_IQM} and no MuJoCo task's mean score is under {RULE_MUJOCO_FLOOR} (nothing learns to fall);"
     " `policy gaussian` scores the defaults' control-suite runs, since `--policy auto` trains the Gaussian there\n\n"
@@ -253,7 +253,7 @@ def table30_groups(groups: dict) -> dict:
 
 
 def table30(groups: dict, reps: int = 2000, note: str = "") -> str:
-    """The table30 section (Markdown): issue 56's decision rule over the 22 control tasks and the 8 MuJoCo tasks. The
+    """The table30 section (Markdown): the decision rule for a default over the 22 control tasks and the 8 MuJoCo tasks. The
     default is the qualifying config with the highest 30-task IQM; one line when no config ran all 30 tasks. `note`: the
     line(s) under the table (its sources)."""
     from rliable import metrics
@@ -276,7 +276,7 @@ def table30(groups: dict, reps: int = 2000, note: str = "") -> str:
     return "\n".join(lines + ([note] if note else [])) + "\n"
 
 
-# --- Where each number comes from (issue 74) ---------------------------------------------------------------------------
+# --- Where each number comes from -------------------------------------------------------------------------------------
 # Every table is checked, before anything is written, for rows of one tag that ran different args or different learning
 # code, and names the commits and args hashes behind it in a line under it. A "part" is a set of runs that must share
 # one args hash: a row of the results table (its seeds), a config's runs in an aggregate (all its tasks), each suite of
@@ -321,6 +321,66 @@ def code_key(row: dict) -> str:
                 key = f"script {found[:10]}"
         _code_keys[(commit, blob, algo)] = key
     return _code_keys[(commit, blob, algo)]
+
+
+# The final evaluations on more episodes (`run.py --final-episodes`). On dm_control, whose tasks return at most 1000, an
+# episode succeeds at 700 or more (walker/walk: it walks), and a run succeeds from every start when 90% of its episodes
+# do (45 of 50). A comparison of n runs a side detects, in 80% of draws at a two-sided 5% level, a difference of
+# (z_0.975 + z_0.8) sqrt(2 / n) of one run's standard deviation: about 0.89 of it at 20 runs a side.
+SUCCESS_RETURN, SUCCESS_SHARE, Z_POWER = 700.0, 0.9, 1.959964 + 0.841621
+FINAL_HEADER = (
+    "Final evaluations on more episodes (`run.py --final-episodes`): each run's last checkpoint evaluated again. A"
+    f" dm_control run succeeds from every start when {SUCCESS_SHARE:.0%} of its episodes return {SUCCESS_RETURN:.0f}"
+    " or more. Each config against its algo's `defaults*` tag on the same task and budget: the difference of the"
+    " means over runs with its 95% bootstrap interval (runs resampled within each arm, 2000 times).\n\n"
+    "| env | algo | tag | budget | runs (seeds) | episodes | mean ± std over runs | 95% CI of the mean |"
+    " runs succeeding from every start | difference from defaults [95% CI] | args hash |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def final_table(csvs: list[Path], reps: int = 2000) -> str:
+    """The final-evaluation section (Markdown) from the `_final.csv` beside each results CSV; '' when there is none."""
+    groups = defaultdict(list)  # (env, budget, algo, tag) -> [(seed, episode returns, row)]
+    for path in csvs:
+        for r in common.read_csv(common.final_csv(path))[1]:
+            returns = np.array([float(x) for x in r["returns"].split()])
+            groups[r["env"], int(r["budget"]), r["algo"], r["tag"]].append((int(r["seed"]), returns, r))
+    if not groups:
+        return ""
+
+    def interval(stat, *arms: np.ndarray) -> str:
+        rng = np.random.default_rng(0)  # each interval its own draws: a row's interval never moves with its neighbours
+        draws = [stat(*(rng.choice(a, a.size) for a in arms)) for _ in range(reps)]
+        return f"[{np.percentile(draws, 2.5):.1f}, {np.percentile(draws, 97.5):.1f}]"
+
+    lines, powers = [FINAL_HEADER], []
+    for (env, budget, algo, tag), runs in sorted(groups.items()):
+        means = np.array([returns.mean() for _, returns, _ in runs])
+        succeeding = [(returns >= SUCCESS_RETURN).mean() >= SUCCESS_SHARE for _, returns, _ in runs]
+        bases = [k for k in groups if k[:3] == (env, budget, algo) and k[3].startswith("defaults")]
+        base = max(bases, key=lambda k: len(groups[k]), default=None)
+        versus = "base" if base and base[3] == tag else "-"
+        if base and base[3] != tag:
+            base_means = np.array([returns.mean() for _, returns, _ in groups[base]])
+            diff = means.mean() - base_means.mean()
+            versus = f"{diff:+.1f} {interval(lambda a, b: a.mean() - b.mean(), means, base_means)}"
+        elif base:
+            share = min(max(np.mean(succeeding), 1 / len(runs)), 1 - 1 / len(runs))
+            mde, count = Z_POWER * np.sqrt(2 / len(runs)), Z_POWER * np.sqrt(2 * share * (1 - share) * len(runs))
+            powers.append(
+                f"{env} {fmt_budget(budget)}, {tag} ({len(runs)} runs): {len(runs)} runs a side detect a difference"
+                f" in mean of {mde * means.std(ddof=1):.1f} (std over runs {means.std(ddof=1):.1f}) and a difference of"
+                f" {count:.1f} in the runs succeeding from every start (80% of draws, two-sided 5%)"
+            )
+        seeds = sorted(seed for seed, _, _ in runs)
+        cells = [env, algo, tag, fmt_budget(budget), f"{len(runs)} ({seeds[0]}-{seeds[-1]})"]
+        cells += [str(len(runs[0][1])), f"{means.mean():.1f} ± {means.std(ddof=1) if len(runs) > 1 else 0:.1f}"]
+        cells += [interval(np.mean, means), f"{sum(succeeding)}/{len(runs)}" if env.startswith("dm_control/") else "-"]
+        cells += [versus, ", ".join(sorted({r["args_hash"] for *_, r in runs}))]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Power, from each base's spread: " + "; ".join(powers) + "."] if powers else []
+    return "\n".join(lines) + "\n"
 
 
 def short_commit(commit: str) -> str:
@@ -664,6 +724,8 @@ def main() -> int:
         md += "\n" + summary
     md += "\n" + table22(groups, out, note=note("table22"))
     md += "\n" + table30(groups, note=note("table30"))
+    finals = final_table(args.csv)
+    md += "\n" + finals if finals else ""
     flagship = flagship_groups(groups)
     if flagship:
         md += "\nThe README's picture, walker/walk under each script's defaults beside RPO: [flagship](flagship.png).\n"

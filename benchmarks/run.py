@@ -15,6 +15,9 @@ Resumable: the same command again skips finished runs; a run that was killed hal
 Arguments after `--` go to the script; they name the config in the CSV's `tag` column
 unless `--tag` is given. Budgets: one number for every env, and/or `ENV=N` per env.
 `--suite control` names a grid: the control-suite tasks and budgets the defaults are judged on.
+`--final-episodes N` then evaluates each finished run's last checkpoint again on N episodes (the script's own
+`--eval-only`, so the same starts for every run of a seed) and writes each episode's return, one row a run, to
+`<out without .csv>_final.csv`, which `report.py` reads beside `--out`; a run that has its row is not evaluated again.
 
 Each run gets `OMP_NUM_THREADS` = cores / `--jobs` unless it is set. Two runners side by side do not know
 of each other: give each `OMP_NUM_THREADS=1` (two runs of two threads on two cores ran 25x slower here).
@@ -44,12 +47,24 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import slurm  # noqa: E402
 
 MANAGED = ("--env-id", "--seed", "--total-timesteps", "--output-dir")
 LOG_TAIL_LINES = 15
+# --final-episodes: the script imported by its path, its `--eval-only` run on a checkpoint, each episode's return saved.
+FINAL_EVAL = """import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import common
+script = common.load_script(Path(sys.argv[2]))
+flags = ["--eval-only", "--checkpoint", sys.argv[3], "--eval-episodes", sys.argv[4], "--output-dir", sys.argv[5]]
+summary = script.train(script.tyro.cli(script.Args, args=[*flags, "--no-cuda"]))
+Path(sys.argv[6]).write_text(json.dumps([float(r) for r in summary["eval_returns"]]))
+"""
 SHARD = "rows.csv"  # a Slurm task's rows, in its run's folder; --merge copies them into --out
 
 
@@ -202,6 +217,35 @@ class Runner:
         self.say(f"done    {run}: eval return {final['eval_return']:.1f} at step {final['step']}, {time.time() - start:.0f}s")
         return True
 
+    def reevaluate(self, run: Run) -> bool:
+        """A finished run's last checkpoint on --final-episodes episodes: one row of each episode's return."""
+        done, episodes = json.loads(run.done_file.read_text()), self.args.final_episodes
+        run_dirs = sorted((d for d in (run.dir / "tb").glob("*") if d.is_dir()), key=lambda d: d.stat().st_mtime)
+        checkpoint = run_dirs[-1] / f"{run.algo}_last.pt" if run_dirs else run.dir / "tb"
+        out = run.dir / "final"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        command = [sys.executable, "-c", FINAL_EVAL, str(Path(__file__).parent), str(self.args.script), str(checkpoint)]
+        with open(out / "log.txt", "w") as log:
+            command += [str(episodes), str(out / "tb"), str(out / "returns.json")]
+            rc = subprocess.run(command, cwd=out, env=self.env, stdout=log, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            self.say(f"FAILED final evaluation of {run}: exit code {rc}, log {out / 'log.txt'}")
+            return False
+        returns = np.array(json.loads((out / "returns.json").read_text()))
+        args = common.read_run_args(run_dirs[-1])
+        source = {f: done.get("source", {}).get(f, common.UNKNOWN) for f in ("commit", "script", "versions")}
+        source["args_hash"] = common.args_hash(args) if args else common.UNKNOWN
+        row = {**run.key, "step": done["final_step"], "episodes": episodes, **source}
+        row |= {"return_mean": round(returns.mean(), 4), "return_std": round(returns.std(), 4)}
+        row["returns"] = " ".join(f"{r:.1f}" for r in returns)
+        common.write_rows(common.final_csv(self.args.out), common.FINAL_FIELDS, [row], replace=run.key)
+        self.say(f"final   {run}: {returns.mean():.1f} ± {returns.std():.1f} over {episodes} episodes")
+        return True
+
+    def complete(self, run: Run, train: bool, evaluate: bool) -> bool:
+        return (not train or self.execute(run)) and (not evaluate or self.reevaluate(run))
+
     def run_all(self, runs: list[Run]) -> int:
         todo = [r for r in runs if not r.done_file.exists()]
         # Finished runs whose rows are missing (e.g. a deleted CSV) are read back, not rerun.
@@ -214,9 +258,13 @@ class Runner:
             f"{len(runs)} runs: {len(runs) - len(todo)} already done, {len(todo)} to run "
             f"with {self.args.jobs} jobs of {self.env['OMP_NUM_THREADS']} threads each -> {self.args.out}"
         )
+        _, finals = common.read_csv(common.final_csv(self.args.out))
+        evaluated = {tuple(r[k] for k in common.RUN_KEY) for r in finals if r["episodes"] == str(self.args.final_episodes)}
+        reevaluate = [self.args.final_episodes > 0 and tuple(str(v) for v in r.key.values()) not in evaluated for r in runs]
+        work = [(run, run in todo, again) for run, again in zip(runs, reevaluate, strict=True) if run in todo or again]
         failed = 0
         with ThreadPoolExecutor(self.args.jobs) as pool:
-            futures = [pool.submit(self.execute, run) for run in todo]
+            futures = [pool.submit(self.complete, *item) for item in work]
             try:
                 for future in as_completed(futures):
                     failed += not future.result()
@@ -229,7 +277,7 @@ class Runner:
                 self.say("interrupted: unfinished runs will be redone when the same command is run again")
                 return 130
         if failed:
-            self.say(f"{failed} of {len(todo)} runs failed; rerun the same command to retry them")
+            self.say(f"{failed} of {len(work)} runs failed; rerun the same command to retry them")
         return 1 if failed else 0
 
 
@@ -252,6 +300,9 @@ def parse_args(argv: list[str]):
     p.add_argument("--out", type=Path, help="results CSV (default: benchmarks/results/<algo>.csv)")
     p.add_argument("--tag", help="config label in the CSV (default: the args after --, or 'default')")
     p.add_argument("--jobs", type=int, default=common.cores(), help="parallel runs (default: number of cores)")
+    p.add_argument(
+        "--final-episodes", type=int, default=0, help="evaluate each finished run's last checkpoint again on N episodes"
+    )
     p.add_argument(
         "--work-dir",
         type=Path,
@@ -276,6 +327,8 @@ def parse_args(argv: list[str]):
     common.reject_managed(extra, MANAGED, "run.py")
     if args.jobs < 1:
         raise common.BenchmarkError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.final_episodes < 0:
+        raise common.BenchmarkError(f"--final-episodes must be 0 (none) or more, got {args.final_episodes}")
     args.tag = common.config_tag(args.tag, extra)
     args.out = (args.out or common.ROOT / "benchmarks" / "results" / f"{args.script.stem}.csv").resolve()
     args.work_dir = (args.work_dir or args.out.with_name(args.out.stem + "_runs")).resolve()

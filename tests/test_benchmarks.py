@@ -253,6 +253,31 @@ def test_runner_resumes_and_redoes_an_unfinished_run(grid):
     assert [r["step"] for r in rows if r["seed"] == "2"] == ["1024", "2048"], "redone run's rows must not duplicate"
 
 
+def test_runner_evaluates_each_finished_run_again_on_more_episodes(grid):
+    out, command, runs = grid
+    again = [*command[: command.index("--")], "--final-episodes", "3", *command[command.index("--") :]]
+    proc = bench("run.py", *again)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    finals = read_csv(out.with_name("ppo_discrete_final.csv"))
+    rows = read_csv(out)
+    assert sorted(r["seed"] for r in finals) == ["1", "2"]
+    for final in finals:
+        returns = [float(x) for x in final["returns"].split()]
+        assert len(returns) == int(final["episodes"]) == 3 and final["step"] == "2048"
+        assert float(final["return_mean"]) == pytest.approx(statistics.fmean(returns), abs=1e-3)
+        source = {k: {r[k] for r in rows if r["seed"] == final["seed"]} for k in ("commit", "script", "args_hash")}
+        assert {k: {final[k]} for k in source} == source  # the row names the code of the run it evaluated
+        # The script's own --eval-only on the same checkpoint, from the command line, prints the same mean.
+        checkpoint = single_run_dir(runs[int(final["seed"])] / "tb") / "ppo_discrete_last.pt"
+        flags = ["--eval-only", "--checkpoint", checkpoint, "--eval-episodes", "3", "--output-dir", out.parent / "again"]
+        printed = run_cli("ppo_discrete.py", [str(f) for f in flags])
+        assert f"return {statistics.fmean(returns):.2f} " in printed.stdout, printed.stdout + printed.stderr
+    stamp = out.with_name("ppo_discrete_final.csv").stat().st_mtime_ns
+    proc = bench("run.py", *again)  # every run has its row: nothing is evaluated again
+    assert proc.returncode == 0 and "final " not in proc.stdout, proc.stdout + proc.stderr
+    assert out.with_name("ppo_discrete_final.csv").stat().st_mtime_ns == stamp
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -336,6 +361,41 @@ def test_report_table_and_curves(tmp_path):
 RESULT_HEADER = "algo,tag,env,seed,budget,step,wall_time,eval_return,eval_std\n"
 
 
+def test_report_compares_final_evaluations_with_the_defaults_and_says_its_power(tmp_path):
+    synthetic_results(tmp_path / "a.csv")
+    env, fields = "dm_control/walker/walk", "algo,tag,env,seed,budget,step,episodes,return_mean,return_std,returns"
+    episodes = {  # tag -> each run's episode returns; a run succeeds from every start when 9 of its 10 reach 700
+        "defaults-abc": [[950.0] * 10, [950.0] * 8 + [100.0] * 2, [800.0] * 9 + [50.0], [600.0] * 10],
+        "bigger critic": [[990.0] * 10, [980.0] * 10, [700.0] * 9 + [0.0], [940.0] * 9 + [300.0]],
+    }
+    lines = [f"{fields},commit,script,args_hash,versions"]
+    for tag, runs in episodes.items():
+        for seed, returns in enumerate(runs, start=101):
+            cells = ["vmpo_continuous", tag, env, seed, 1000000, 1000000, 10, np.mean(returns), np.std(returns)]
+            lines.append(",".join(map(str, [*cells, " ".join(map(str, returns)), "c0ffee", "b10b", f"h-{tag[:3]}", "v"])))
+    (tmp_path / "a_final.csv").write_text("\n".join(lines) + "\n")
+    proc = bench("report.py", tmp_path / "a.csv", "--out", tmp_path / "report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    section = proc.stdout[proc.stdout.index("Final evaluations") :]
+    rows = table_rows(section[: section.index("Power")])
+    base, other = (np.array([np.mean(r) for r in episodes[t]]) for t in episodes)
+    assert rows[env, "vmpo_continuous", "defaults-abc"][5:10] == [
+        "10",
+        f"{base.mean():.1f} ± {base.std(ddof=1):.1f}",
+        rows[env, "vmpo_continuous", "defaults-abc"][7],
+        "2/4",
+        "base",
+    ]
+    cell = rows[env, "vmpo_continuous", "bigger critic"]
+    assert cell[8] == "4/4" and cell[10] == "h-big"
+    diff, lo, hi = map(float, re.fullmatch(r"([-+][\d.]+) \[([-\d.]+), ([-\d.]+)\]", cell[9]).groups())
+    assert diff == pytest.approx(other.mean() - base.mean(), abs=0.05) and lo < diff < hi
+    # Power at 4 runs a side: (z_0.975 + z_0.8) sqrt(2/4) of the base's std; the count at its share of 2/4.
+    z = statistics.NormalDist().inv_cdf(0.975) + statistics.NormalDist().inv_cdf(0.8)
+    assert f"mean of {z * np.sqrt(2 / 4) * base.std(ddof=1):.1f} " in section
+    assert f"difference of {z * np.sqrt(2 * 0.5 * 0.5 * 4):.1f} in the runs" in section
+
+
 def run_lines(algo: str, tag: str, env: str, seed: int, budget: int, final: float) -> list[str]:
     """One run's rows: a better evaluation halfway, then the final one (the aggregate must take the final)."""
     return [
@@ -392,7 +452,7 @@ def test_report_aggregates_normalised_scores_with_an_iqm_and_a_profile(tmp_path)
 
 
 def test_report_table22_over_the_published_8m_figures(tmp_path):
-    """Issue 37's table: A (4 seeds) and B (3 seeds, 2 on one task: it enters with 2) ran all 22 tasks at 1M; C ran
+    """table22: A (4 seeds) and B (3 seeds, 2 on one task: it enters with 2) ran all 22 tasks at 1M; C ran
     one task at 500k only (left out). Scores are finals over RPO's 8M figure; the count compares seed means with PPO's."""
     # The (PPO 8M, RPO 8M) means as reference.md prints them, so the report's figures are checked against that page.
     section = (BENCH / "results" / "reference.md").read_text().split("## CleanRL's published 8M figures")[1]
@@ -456,7 +516,7 @@ def table30_runs(tag: str, control_level: float | None, mujoco_values, common) -
 
 
 def test_report_applies_the_30_task_rule(tmp_path, common):
-    """Issue 56's rule: A qualifies; B's 22-task IQM is under 0.75; C has a MuJoCo task whose mean score is under 0.2
+    """The 30-task rule: A qualifies; B's 22-task IQM is under 0.75; C has a MuJoCo task whose mean score is under 0.2
     (one seed above it); D lacks Swimmer (left out). Scores, IQMs and the verdicts are computed here independently."""
     lines, scores = [], {}
     for tag, level in (("A", 0.9), ("B", 0.6), ("C", 0.9), ("D", 0.9)):

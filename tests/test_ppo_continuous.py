@@ -185,6 +185,23 @@ def test_clipped_surrogate_and_kl_estimators():
     assert kl.item() == pytest.approx(np.mean([math.exp(x) - 1 - x for x in logratio.tolist()]), rel=1e-6)
 
 
+def test_the_update_measures_the_policys_change_not_rpos_shift(tmp_path):
+    """At learning rate 0 the policy never changes: approx_kl and clipfrac read 0 and --target-kl 0.02 stops no epoch,
+    while the loss's ratio, under RPO's shift (alpha 0.5, 6 dimensions, std 1), is clipped on most samples."""
+    torch.manual_seed(0)
+    agent = pc.Agent(5, gym.spaces.Box(-1.0, 1.0, (6,), np.float32), "gaussian", (16,), (16,), init_log_std=0.0)
+    args = tiny_args(tmp_path, learning_rate=0.0, rpo_alpha=0.5, target_kl=0.02, update_epochs=3)
+    obs = torch.randn(512, 5)
+    with torch.no_grad():
+        params = agent.policy(obs)
+        actions = agent.policy_head.sample(params)
+        batch = {"obs": obs, "actions": actions, "logprobs": agent.policy_head.log_prob(params, actions)}
+    batch |= {key: torch.randn(512) for key in ("advantages", "returns", "values")}
+    stats = pc.ppo_update(agent, pc.make_optimizer(agent, args), batch, args)
+    assert abs(stats["approx_kl"]) < 1e-6 and abs(stats["old_approx_kl"]) < 1e-6 and stats["clipfrac"] == 0.0
+    assert stats["epochs"] == 3 and stats["rpo_clipfrac"] > 0.5
+
+
 def test_running_mean_std_matches_numpy_over_all_batches():
     rng = np.random.default_rng(1)
     batches = [rng.normal(3.0, 2.0, size=(n, 4)) for n in (1, 5, 17, 2)]

@@ -60,3 +60,38 @@ def test_the_readme_reads_in_two_minutes():
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", prose), "a date in the README (history goes to CHANGELOG.md)"
     commits = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"\d", w) and re.search(r"[a-f]", w)]
     assert not commits, f"commit ids in the README: {commits}"
+
+
+def test_the_benchmarks_pages_keep_a_readers_size():
+    """benchmarks/README.md within 300 lines, each "Why each default" row within 300 characters (the argument lives in
+    the study), and each study within 300 lines."""
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    assert len(text.splitlines()) <= 300
+    why = text.split("## Why each default\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in why.splitlines() if line.startswith("| ") and not line.startswith("| flag |")]
+    assert rows and not [row[:60] for row in rows if len(row) > 300], "rows of Why each default over 300 characters"
+    long = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "benchmarks" / "studies").rglob("*.md")
+        if len(p.read_text().splitlines()) > 300
+    ]
+    assert not long, f"studies over 300 lines: {long}"
+
+
+SITTINGS = re.compile(
+    r"\bissues? #?\d+|(?<![\w/])#\d{2,}\b|\bsessions?\b|\bsittings?\b"
+    r"|\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|this|last) stop\b",
+    re.IGNORECASE,
+)
+
+
+@pytest.mark.parametrize(
+    "page",
+    ["README.md", "CHANGELOG.md", "benchmarks/README.md"]
+    + [p for p in PAGES if p.startswith(("docs/", "benchmarks/studies/"))],
+)
+def test_the_pages_name_no_tracker_issue_and_no_sitting_of_the_work(page):
+    """A decision is dated by its study and explained by its evidence; a reader cannot open a tracker's issue, and the
+    order of the work is the git log's."""
+    found = [m.group(0) for m in SITTINGS.finditer((ROOT / page).read_text())]
+    assert not found, f"{page}: {found}"

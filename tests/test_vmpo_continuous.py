@@ -220,6 +220,56 @@ def test_rpo_shift_moves_only_the_m_steps_likelihood():
     assert plain["losses/policy_loss"] != shifted["losses/policy_loss"] and not torch.equal(w_plain, w_shifted)
 
 
+def test_update_logs_the_kls_the_multipliers_bound_and_the_share_the_clip_cuts():
+    """One full-batch M-step: kl/mu and kl/sigma are the mean over the top-k states of torch's per-state KLs (the mean's
+    change at the old std, the std's at the old mean); losses/clipfrac counts, one sample at a time, the pull's terms
+    above 1 + eps on the top k and the push's below 1 - eps on the bottom k."""
+    torch.manual_seed(5)
+    args = tiny_args(m_steps=1, num_minibatches=1, rpo_alpha=0.0)
+    agent = make_agent(3, box([-1.0, -1.0], [1.0, 1.0]), args)
+    obs, u, adv = torch.randn(128, 3), torch.randn(128, 2), torch.randn(128)
+    with torch.no_grad():
+        mean, log_std, _ = gaussian_outputs(agent, obs)
+        params, old_params = (
+            torch.stack([mean, log_std], -2),
+            torch.stack([mean + 0.3 * torch.randn(128, 2), log_std - 0.2], -2),
+        )
+        log_ratio = (agent.policy_head.log_prob(params, u) - agent.policy_head.log_prob(old_params, u)).tolist()
+    batch = {
+        "obs": obs,
+        "u": u,
+        "params": old_params,
+        "advantages": adv,
+        "returns": torch.randn(128),
+        "resets": torch.zeros(128),
+    }
+    duals = V.DualVariables(args.temperature_init, args.alpha_init)
+    stats = V.vmpo_update(agent, duals, V.build_optimizers(agent, duals, args), batch, args)
+    order = adv.argsort(descending=True).tolist()
+    top, bottom = order[:64], order[64:]
+    old = Normal(old_params[:, 0], old_params[:, 1].exp())
+    kl_mu = kl_divergence(old, Normal(mean, old_params[:, 1].exp())).sum(-1)
+    kl_sigma = kl_divergence(old, Normal(old_params[:, 0], log_std.exp())).sum(-1)
+    assert stats["kl/mu"] == pytest.approx(float(kl_mu[top].mean()), rel=1e-5)
+    assert stats["kl/sigma"] == pytest.approx(float(kl_sigma[top].mean()), rel=1e-5)
+    cut = sum(log_ratio[t] > math.log(1.2) for t in top) + sum(log_ratio[t] < math.log(0.8) for t in bottom)
+    assert 0 < cut < 128 and stats["losses/clipfrac"] == pytest.approx(cut / 128)
+
+
+def test_the_log_std_clamp_passes_its_gradient_and_changes_nothing_inside_its_bounds():
+    """Past a bound the std is the bound's and the log-std still gets a gradient, so it can come back; inside, the output
+    and the gradient are the plain clamp's, bit for bit."""
+    head = make_agent(2, box([-1.0], [1.0])).policy_head
+    for value in (0.3, -4.9, 2.5, -6.0):
+        with torch.no_grad():
+            head.log_std.fill_(value)
+        log_std = head(torch.zeros(4, 32))[:, 1]
+        log_std.sum().backward()
+        assert torch.equal(log_std, torch.full((4, 1), value).clamp(V.LOG_STD_MIN, V.LOG_STD_MAX))
+        assert torch.equal(head.log_std.grad, torch.full((1,), 4.0)), value
+        head.log_std.grad = None
+
+
 def test_gaussian_entropy_matches_torch():
     log_std = torch.randn(10, 4)
     ours = make_agent(2, box([-1.0] * 4, [1.0] * 4)).policy_head.entropy(torch.stack([torch.zeros(10, 4), log_std], -2))

@@ -53,8 +53,8 @@ NEAR_MISS = re.compile(r"^\s*#\s*latex\s*:", re.IGNORECASE)
 
 TITLES = {
     "ppo_discrete.py": "PPO for discrete actions",
-    "ppo_continuous.py": "PPO for continuous actions (diagonal Gaussian)",
-    "vmpo_continuous.py": "V-MPO for continuous actions (a Gaussian clipped by the env)",
+    "ppo_continuous.py": "PPO for continuous actions (a Gaussian the env clips, or a Beta on the action box)",
+    "vmpo_continuous.py": "V-MPO for continuous actions (a Gaussian the env clips, or a Beta on the action box)",
 }
 
 # Where the papers' symbols differ from the formulas and code here: per script, rows of
@@ -80,7 +80,7 @@ NOTATION: dict[str, list[tuple[str, str, str, str]]] = {
             "samples kept by the top-k selection (the paper keeps the top half: `topk_fraction` 0.5)",
         ),
         (r"\psi(s, a)", r"\psi_t", "weights", "E-step weight of each sample"),
-        (r"\Sigma", r"\sigma", "log_std", "policy covariance; diagonal here, standard deviations σ = exp(`log_std`)"),
+        (r"\Sigma", r"\sigma", "log_std", "the Gaussian's covariance; diagonal here, standard deviations σ = exp(`log_std`)"),
         (r"\epsilon_{\alpha_\mu}", r"\epsilon_\mu", "epsilon_mu", "bound of the mean KL"),
         (r"\epsilon_{\alpha_\Sigma}", r"\epsilon_\sigma", "epsilon_sigma", "bound of the covariance KL"),
     ],
