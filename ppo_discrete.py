@@ -18,20 +18,27 @@ import contextlib
 import copy
 import dataclasses
 import importlib
+import io
 import math
 import os
 import re
+import signal
 import sys
+import tempfile
+import threading
 import time
 import warnings
 from collections import deque
 
-import gymnasium as gym
-import numpy as np
-import torch
-import torch.nn as nn
-import tyro
-from torch.utils.tensorboard import SummaryWriter
+try:  # Ctrl-C while the libraries load: the exit code of a Ctrl-C later, without a traceback
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    import tyro
+    from torch.utils.tensorboard import SummaryWriter
+except KeyboardInterrupt:
+    sys.exit(130)
 
 
 # ---------------------------------------------------------------------------------------
@@ -240,8 +247,7 @@ def collect_rollout(agent, envs, raw_obs, obs_rms, device, buf: Rollout) -> tupl
         obs_t = as_tensor(raw_obs, obs_rms, device)
         value_t = agent.get_value(obs_t)
         buf.next_values[step] = value_t.cpu().numpy()
-        # SAME_STEP autoreset: raw_obs of an ended env is already the reset one, so a truncated
-        # step bootstraps from the real final observation instead (terminated ones are masked in GAE).
+        # SAME_STEP: an ended env's raw_obs is the reset one; a truncated step bootstraps from its real final observation.
         if truncated.any():
             final_obs = np.stack([infos["final_obs"][i] for i in np.flatnonzero(truncated)])
             buf.next_values[step, truncated] = agent.get_value(as_tensor(final_obs, obs_rms, device)).cpu().numpy()
@@ -386,9 +392,8 @@ class Run:
         return os.path.join(self.run_dir, f"{SCRIPT}_{kind}.pt")
 
     def close(self) -> None:
-        self.envs.close()
-        self.eval_envs.close()
-        self.writer.close()
+        for resource in (self.envs, self.eval_envs, self.writer):
+            resource.close()
         if self.args.track:
             import wandb
 
@@ -409,7 +414,6 @@ def set_up(args: Args) -> Run:
     run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
-
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -424,7 +428,6 @@ def set_up(args: Args) -> Run:
     writer = SummaryWriter(run_dir)
     table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-
     envs = make_vector_env(args, args.num_envs, args.seed)
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, render_first=args.capture_video)
     obs_dim = envs.single_observation_space.shape[0]
@@ -447,6 +450,25 @@ def set_up(args: Args) -> Run:
     return run
 
 
+class DeferredCtrlC:
+    """Ctrl-C, raised at the loop's next `check`, not inside TensorBoard's writer, whose lock it can leave held (closing the
+    run then hangs); a second press raises at once. Off the main thread, or where SIGINT is ignored (nohup), no change."""
+
+    def __init__(self):
+        self.pressed, self.previous = False, signal.getsignal(signal.SIGINT)
+        if self.previous not in (signal.SIG_IGN, None) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self.check)
+
+    def check(self, *pressed_now) -> None:  # the loop's check; as SIGINT's handler, it notes a first press
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = bool(pressed_now)
+
+    def restore(self) -> None:
+        if signal.getsignal(signal.SIGINT) == self.check:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 def train(args: Args) -> dict:
     run = set_up(args)
     start_time = time.time()
@@ -461,15 +483,14 @@ def train(args: Args) -> dict:
     batch_size = args.num_envs * args.num_steps
     # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
     num_iterations = args.total_timesteps // batch_size
-    # The rollout acts on the CPU: a forward pass on num_envs observations per env step is too small to pay for a
-    # GPU's kernel launches and copies. Training on a GPU, it acts with a CPU copy, synced after every update.
+    # The rollout acts on the CPU, too small a pass to pay for a GPU's launches; on a GPU, a CPU copy synced after updates.
     cpu = torch.device("cpu")
     acting_agent = agent if run.device == cpu else copy.deepcopy(agent).to(cpu)
     rollout = Rollout.empty(args.num_steps, run.envs)
     raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
     run.obs_rms.update(raw_obs)
     end_step = num_iterations * batch_size
-    if run.iteration > 0:
+    if args.resume:
         print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; training to step {end_step}")
     elif end_step != args.total_timesteps:
         rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
@@ -478,27 +499,27 @@ def train(args: Args) -> dict:
     train_time, trained_steps = 0.0, 0
     # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
     save_checkpoint(run, "last")
+    ctrl_c = DeferredCtrlC()
     try:
         for iteration in range(run.iteration + 1, num_iterations + 1):
+            ctrl_c.check()
             tick = time.time()
             if args.anneal_lr:
                 # LaTeX: \alpha_u = \alpha_0 \left(1 - \frac{u - 1}{U}\right)
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
-
             # ---- collect a rollout with the current policy
             raw_obs, episodes = collect_rollout(acting_agent, run.envs, raw_obs, run.obs_rms, cpu, rollout)
+            ctrl_c.check()  # the rollout is dropped: _last holds the update before it
             for offset, episode_return, episode_length in episodes:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
                 writer.add_scalar("charts/episodic_length", episode_length, run.global_step + offset)
-
             # ---- advantages and value targets
             data = {k: torch.as_tensor(v, device=run.device) for k, v in vars(rollout).items()}
             gae_inputs = [data[k] for k in ("rewards", "values", "next_values", "terminated", "truncated")]
             advantages, returns = compute_gae(*gae_inputs, args.gamma, args.gae_lambda)
             batch = {k: data[k].flatten(0, 1) for k in ("obs", "actions", "logprobs", "values")}
             batch.update(advantages=advantages.flatten(), returns=returns.flatten())
-
             # ---- update
             stats = ppo_update(agent, optimizer, batch, args)
             if acting_agent is not agent:
@@ -506,7 +527,6 @@ def train(args: Args) -> dict:
             run.iteration, run.global_step = iteration, run.global_step + batch_size
             save_checkpoint(run, "last")
             train_time, trained_steps = train_time + time.time() - tick, trained_steps + batch_size
-
             # ---- log
             sps = trained_steps / train_time
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], run.global_step)
@@ -514,7 +534,6 @@ def train(args: Args) -> dict:
             stats["explained_variance"] = explained_variance(batch["values"], batch["returns"])
             for key, value in stats.items():
                 writer.add_scalar(f"losses/{key}", value, run.global_step)
-
             # ---- evaluate and save: every eval_interval steps, and at the end
             every, last = args.eval_interval, iteration == num_iterations
             if last or (every > 0 and run.global_step // every > (run.global_step - batch_size) // every):
@@ -526,15 +545,17 @@ def train(args: Args) -> dict:
                     save_checkpoint(run, "best")
             print_progress(run, sps, recent_returns, final=last)
     except TrainingDiverged as e:  # raised by ppo_update before the step was counted
-        kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
-        raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
+        stopped = f"at global step {run.global_step + batch_size}; stopped"
+        raise TrainingDiverged(f"{e} {stopped}. Last good checkpoint: {last_checkpoint(run)}") from None
+    except OSError as e:  # a write that failed (a full disk): the checkpoint it would have replaced is kept
+        raise OSError(f"{e}; stopped. Last good checkpoint: {last_checkpoint(run)}") from None
     except KeyboardInterrupt:
-        # The step is read back from the file: Ctrl-C can land inside a save, after its rename.
-        saved = torch.load(run.path("last"), map_location="cpu", weights_only=True)["global_step"]
-        print(f"\ninterrupted; the last checkpoint, at step {saved} (the last trained step), is {run.path('last')}")
+        print(f"\ninterrupted; the last trained step's checkpoint is {last_checkpoint(run)}")
         raise
     finally:
-        run.close()
+        ctrl_c.restore()
+        with contextlib.suppress(OSError) if sys.exc_info()[1] else contextlib.nullcontext():
+            run.close()  # after a failed write, TensorBoard's writer raises it again: once is enough
     summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=sps, wall_time=time.time() - start_time)
     return summary | dict(final_eval_return=run.last_eval, final_eval_std=eval_returns.std(), best_eval_return=run.best_eval)
 
@@ -565,9 +586,12 @@ def resolve_env_id(env_id: str) -> str:
         with contextlib.suppress(ImportError):  # probe_envs.py registers the probe ids; a copied script may lack it
             import probe_envs  # noqa: F401
     if env_id.startswith("dm_control/"):
-        import shimmy  # registers the dm_control/* ids with gymnasium
-        from dm_control import suite
-
+        try:
+            import shimmy  # registers the dm_control/* ids with gymnasium
+            from dm_control import suite
+        except Exception as e:  # its import loads the renderer that MUJOCO_GL names
+            reason, gl = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", os.environ.get("MUJOCO_GL")
+            raise ConfigError(f"dm_control does not import with MUJOCO_GL={gl!r} ({reason})") from None
         gym.register_envs(shimmy)
         match = re.fullmatch(r"dm_control/(\w+)(?:/(\w+)|-(\w+)-v0)", env_id)
         if match is None:
@@ -671,8 +695,22 @@ def save_checkpoint(run: Run, kind: str) -> None:
     ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "rng": rng_state(run.device), "device": run.device.type}
     ckpt |= {"eval_return": run.last_eval, "global_step": run.global_step, "iteration": run.iteration}
     ckpt |= {"agent": run.agent.state_dict(), "optimizer": run.optimizer.state_dict(), "obs_rms": run.obs_rms.state_dict()}
-    torch.save(ckpt, f"{path}.tmp")
-    os.replace(f"{path}.tmp", path)
+    buffer = io.BytesIO()  # written by Python, whose error names its cause (torch's own writer's does not)
+    torch.save(ckpt, buffer)
+    try:
+        with open(f"{path}.tmp", "wb") as f:
+            f.write(buffer.getbuffer())
+        os.replace(f"{path}.tmp", path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(f"{path}.tmp")
+        raise
+
+
+def last_checkpoint(run: Run) -> str:
+    """`_last.pt` and its step, read back from the file: a Ctrl-C or a failed write can land after a save's rename."""
+    path = run.path("last")
+    return f"{path} (step {torch.load(path, map_location='cpu', weights_only=True)['global_step']})"
 
 
 def load_checkpoint(path: str, flag: str) -> dict:
@@ -687,11 +725,22 @@ def load_checkpoint(path: str, flag: str) -> dict:
     if algo != SCRIPT:
         written_by = f"{algo}.py" if isinstance(algo, str) else "something else"
         raise ConfigError(f"{flag} {path!r} was written by {written_by}, not {SCRIPT}.py; load it with that script")
+    if not isinstance(ckpt.get("args"), dict):
+        raise ConfigError(f"{flag} {path!r} has no saved options ('args'): not a whole {SCRIPT}_*.pt file")
     changed = sorted(set(ckpt["args"]) ^ {field.name for field in dataclasses.fields(Args)})
     if changed:  # a version with other options: no silent default stands in for a setting the run had, or lacked
         options = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
         raise ConfigError(f"{flag} {path!r} was written by a {SCRIPT}.py with other options ({options}; see CHANGELOG.md)")
+    if not finite(ckpt):
+        raise ConfigError(f"{flag} {path!r} holds NaN or inf values (a diverged run's); use an earlier checkpoint")
     return ckpt
+
+
+def finite(tree) -> bool:
+    """Whether every floating-point tensor in a checkpoint's nested dicts and lists is finite."""
+    if isinstance(tree, dict | list | tuple):
+        return all(finite(value) for value in (tree.values() if isinstance(tree, dict) else tree))
+    return not (isinstance(tree, torch.Tensor) and tree.is_floating_point()) or bool(tree.isfinite().all())
 
 
 # Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
@@ -714,10 +763,15 @@ def check_args(args: Args) -> None:
         if not ok:
             raise ConfigError(f"--{name.replace('_', '-')} must be {accepted}, got {getattr(args, name)}")
 
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
         require(getattr(args, name) >= 1, name, "a positive integer")
+    require(1 <= args.eval_episodes <= 1000, "eval_episodes", "in [1, 1000] (one env each)")
+    require(0 <= args.seed < 2**32, "seed", "in [0, 2**32) (numpy's seeds)")
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
         require(getattr(args, name) > 0, name, "> 0")
+    for name in ("ent_coef", "vf_coef"):
+        require(getattr(args, name) >= 0, name, ">= 0")
+    require(args.target_kl is None or args.target_kl > 0, "target_kl", "> 0 (or left unset)")
     for name in ("gamma", "gae_lambda"):
         require(0.0 <= getattr(args, name) <= 1.0, name, "in [0, 1]")
     for name in ("policy_hidden_sizes", "value_hidden_sizes"):
@@ -731,6 +785,7 @@ def check_args(args: Args) -> None:
         with gym.make(resolve_env_id(args.env_id)) as env:  # one env is built and closed: its action space
             space = env.action_space
         if args.capture_video:  # one env renders one frame now, so an env that cannot render fails here, in one line
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame's frames need no display (the user's choice wins)
             try:
                 with gym.make(resolve_env_id(args.env_id), render_mode="rgb_array") as env:
                     env.reset(seed=0)
@@ -743,20 +798,22 @@ def check_args(args: Args) -> None:
     if not isinstance(space, gym.spaces.Discrete):
         needs = f"{SCRIPT}.py needs Discrete actions: use ppo_continuous.py or vmpo_continuous.py"
         raise ConfigError(f"{args.env_id} has a {type(space).__name__} action space; {needs}")
-    try:
+    try:  # a real write of 1 MiB: root passes os.access where writes fail (/sys), and a full disk fails here, in one line
         os.makedirs(args.output_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=args.output_dir) as probe:
+            probe.write(bytes(2**20))
     except OSError as e:
-        raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created ({e.strerror or e})") from None
-    if not os.access(args.output_dir, os.W_OK | os.X_OK):
-        raise ConfigError(f"--output-dir {args.output_dir!r} is not writable")
+        raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created or written ({e.strerror or e})") from None
 
 
 if __name__ == "__main__":
     # MKL's strict mode, read at its first call: products sum in one order on any thread count (importing sets nothing)
     os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+    # A failed write (a full disk) is reported in one line by the loop: TensorBoard's writer thread need not print it too.
+    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
     try:
         summary = train(tyro.cli(Args))
-    except (ConfigError, TrainingDiverged) as e:
+    except (ConfigError, TrainingDiverged, OSError) as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         sys.exit(130)

@@ -23,22 +23,29 @@ import copy
 import ctypes
 import dataclasses
 import importlib.util
+import io
 import math
 import os
 import re
+import signal
 import sys
+import tempfile
+import threading
 import time
 import warnings
 from collections import deque
 from functools import partial
 from typing import Literal
 
-import gymnasium as gym
-import numpy as np
-import torch
-import torch.nn as nn
-import tyro
-from torch.utils.tensorboard import SummaryWriter
+try:  # Ctrl-C while the libraries load: the exit code of a Ctrl-C later, without a traceback
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    import tyro
+    from torch.utils.tensorboard import SummaryWriter
+except KeyboardInterrupt:
+    sys.exit(130)
 
 
 # ---------------------------------------------------------------------------------------
@@ -311,7 +318,8 @@ class BetaPolicy(BoxPolicy):
     def distribution(params: torch.Tensor) -> torch.distributions.Beta:
         alpha_logit, beta_logit = params.unbind(-2)
         # LaTeX: \alpha_j = 1 + \operatorname{softplus}(\ell^\alpha_j(s)), \quad \beta_j = 1 + \operatorname{softplus}(\ell^\beta_j(s))
-        return torch.distributions.Beta(1.0 + nn.functional.softplus(alpha_logit), 1.0 + nn.functional.softplus(beta_logit))
+        concentrations = 1.0 + nn.functional.softplus(alpha_logit), 1.0 + nn.functional.softplus(beta_logit)
+        return torch.distributions.Beta(*concentrations, validate_args=False)  # NaN ones reach the divergence check
 
     def sample(self, params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         # Beta sampling takes no generator: a given one seeds a forked copy of the global ones, which stay untouched.
@@ -338,9 +346,9 @@ class BetaPolicy(BoxPolicy):
         kl = torch.distributions.kl_divergence
         # LaTeX: \mathrm{KL}(p \| q) = \log \tfrac{B(\alpha_q, \beta_q)}{B(\alpha_p, \beta_p)} + (\alpha_p - \alpha_q)\psi(\alpha_p) + (\beta_p - \beta_q)\psi(\beta_p) + (\alpha_q - \alpha_p + \beta_q - \beta_p)\psi(\alpha_p + \beta_p)
         # LaTeX: D_\mu(s_t) = \sum_j \mathrm{KL}\big(\mathrm{B}(m^{old}_j, k^{old}_j) \,\|\, \mathrm{B}(m_j, k^{old}_j)\big), \quad \mathrm{B}(m, k) = \mathrm{Beta}(m k, (1 - m) k)
-        kl_mu = kl(old, torch.distributions.Beta(mean * old_conc, (1.0 - mean) * old_conc)).sum(-1)
+        kl_mu = kl(old, torch.distributions.Beta(mean * old_conc, (1.0 - mean) * old_conc, validate_args=False)).sum(-1)
         # LaTeX: D_\sigma(s_t) = \sum_j \mathrm{KL}\big(\mathrm{B}(m^{old}_j, k^{old}_j) \,\|\, \mathrm{B}(m^{old}_j, k_j)\big)
-        kl_sigma = kl(old, torch.distributions.Beta(old_mean * conc, (1.0 - old_mean) * conc)).sum(-1)
+        kl_sigma = kl(old, torch.distributions.Beta(old_mean * conc, (1.0 - old_mean) * conc, validate_args=False)).sum(-1)
         return kl_mu, kl_sigma
 
     def mean_action(self, params: torch.Tensor) -> torch.Tensor:
@@ -693,7 +701,6 @@ class Run:
     duals: DualVariables
     obs_rms: RunningMeanStd
     reward_scaler: RewardScaler
-    threads: int = 1  # CPU threads of the update
     global_step: int = 0
     iteration: int = 0
     last_eval: float | None = None
@@ -757,7 +764,7 @@ def set_up(args: Args) -> Run:
     obs_rms = RunningMeanStd(eval_envs.single_observation_space.shape, args.norm_obs)
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
     optimizers = build_optimizers(agent, duals, args)
-    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, optimizers, duals, obs_rms, scaler, threads)
+    run = Run(args, device, run_dir, writer, envs, eval_envs, agent, optimizers, duals, obs_rms, scaler)
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
         run.agent.load_state_dict(source["agent"])
         run.obs_rms.load_state_dict(source["obs_rms"])
@@ -770,6 +777,25 @@ def set_up(args: Args) -> Run:
             run.reward_scaler.rms.load_state_dict(source["reward_rms"])
             restore_rng(source["rng"], device, source.get("device", "cpu"), source_path)
     return run
+
+
+class DeferredCtrlC:
+    """Ctrl-C, raised at the loop's next `check`, not inside TensorBoard's writer, whose lock it can leave held (closing the
+    run then hangs); a second press raises at once. Off the main thread, or where SIGINT is ignored (nohup), no change."""
+
+    def __init__(self):
+        self.pressed, self.previous = False, signal.getsignal(signal.SIGINT)
+        if self.previous not in (signal.SIG_IGN, None) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self.check)
+
+    def check(self, *pressed_now) -> None:  # the loop's check; as SIGINT's handler, it notes a first press
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = bool(pressed_now)
+
+    def restore(self) -> None:
+        if signal.getsignal(signal.SIGINT) == self.check:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def train(args: Args) -> dict:
@@ -785,7 +811,7 @@ def train(args: Args) -> dict:
     args, agent, optimizers, writer = run.args, run.agent, run.optimizers, run.writer
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
-    default_threads = torch.get_num_threads()
+    threads = torch.get_num_threads()  # the update's, as set_up leaves them
     # The rollout acts on the CPU, too small a pass to pay for a GPU's launches; on a GPU, a CPU copy synced after updates.
     cpu = torch.device("cpu")
     acting_agent = agent if run.device == cpu else copy.deepcopy(agent).to(cpu)
@@ -794,7 +820,7 @@ def train(args: Args) -> dict:
     run.obs_rms.update(raw_obs)
     next_obs = torch.as_tensor(run.obs_rms.normalize(raw_obs))
     end_step = num_iterations * batch_size
-    if run.iteration > 0:
+    if args.resume:
         print(f"resuming {args.resume} at step {run.global_step} with its saved hyperparameters; training to step {end_step}")
     elif end_step != args.total_timesteps:
         rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
@@ -803,8 +829,10 @@ def train(args: Args) -> dict:
     train_time, trained_steps = 0.0, 0
     # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
     save_checkpoint(run, "last")
+    ctrl_c = DeferredCtrlC()
     try:
         for iteration in range(run.iteration + 1, num_iterations + 1):
+            ctrl_c.check()
             tick = time.time()
             if args.anneal_lr:
                 lr_scale = learning_rate_scale(iteration, num_iterations, batch_size, args.lr_horizon)
@@ -813,6 +841,7 @@ def train(args: Args) -> dict:
             # ---- collect a rollout with the current policy
             torch.set_num_threads(1)  # batches of num_envs observations only lose to threading overhead
             next_obs, episodes = collect_rollout(acting_agent, run.envs, run.obs_rms, run.reward_scaler, next_obs, rollout)
+            ctrl_c.check()  # the rollout is dropped: _last holds the update before it
             for offset, episode_return, episode_length in episodes:
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
@@ -824,12 +853,12 @@ def train(args: Args) -> dict:
             advantages, returns = compute_gae(*target_inputs, args.gamma, args.gae_lambda)
             batch = rollout.batch(advantages, returns, run.device)
             # ---- update
-            torch.set_num_threads(run.threads)  # the batch's matrix products do use the cores
+            torch.set_num_threads(threads)  # the batch's matrix products do use the cores
             try:
                 stats = vmpo_update(agent, run.duals, optimizers, batch, args)
             except TrainingDiverged as e:
-                kept = f"Last good checkpoint: {run.path('last')} (step {run.global_step})"
-                raise TrainingDiverged(f"{e} at global step {run.global_step + batch_size}; stopped. {kept}") from None
+                stopped = f"at global step {run.global_step + batch_size}; stopped"
+                raise TrainingDiverged(f"{e} {stopped}. Last good checkpoint: {last_checkpoint(run)}") from None
             if acting_agent is not agent:
                 acting_agent.load_state_dict(agent.state_dict())
             run.iteration, run.global_step = iteration, run.global_step + batch_size
@@ -856,14 +885,16 @@ def train(args: Args) -> dict:
                     run.best_eval = run.last_eval
                     save_checkpoint(run, "best")
             print_progress(run, sps, np.mean(recent_returns or [math.nan]), final=last)
+    except OSError as e:  # a write that failed (a full disk): the checkpoint it would have replaced is kept
+        raise OSError(f"{e}; stopped. Last good checkpoint: {last_checkpoint(run)}") from None
     except KeyboardInterrupt:
-        # The step is read back from the file: Ctrl-C can land inside a save, after its rename.
-        saved = torch.load(run.path("last"), map_location="cpu", weights_only=True)["global_step"]
-        print(f"\ninterrupted; the last checkpoint, at step {saved} (the last trained step), is {run.path('last')}")
+        print(f"\ninterrupted; the last trained step's checkpoint is {last_checkpoint(run)}")
         raise
     finally:
-        torch.set_num_threads(default_threads)
-        run.close()
+        ctrl_c.restore()
+        torch.set_num_threads(threads)
+        with contextlib.suppress(OSError) if sys.exc_info()[1] else contextlib.nullcontext():
+            run.close()  # after a failed write, TensorBoard's writer raises it again: once is enough
     summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=sps, wall_time=time.time() - start_time)
     return summary | dict(final_eval_return=run.last_eval, final_eval_std=eval_returns.std(), best_eval_return=run.best_eval)
 
@@ -903,9 +934,12 @@ def resolve_env_id(env_id: str) -> str:
         with contextlib.suppress(ImportError):  # probe_envs.py registers the probe ids; a copied script may lack it
             import probe_envs  # noqa: F401
     if env_id.startswith("dm_control/"):
-        import shimmy  # registers the dm_control/* ids with gymnasium
-        from dm_control import suite
-
+        try:
+            import shimmy  # registers the dm_control/* ids with gymnasium
+            from dm_control import suite
+        except Exception as e:  # its import loads the renderer that MUJOCO_GL names
+            reason, gl = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", os.environ.get("MUJOCO_GL")
+            raise ConfigError(f"dm_control does not import with MUJOCO_GL={gl!r} ({reason})") from None
         gym.register_envs(shimmy)
         match = re.fullmatch(r"dm_control/(\w+)(?:/(\w+)|-(\w+)-v0)", env_id)
         if match is None:
@@ -929,25 +963,24 @@ def resolve_env_id(env_id: str) -> str:
     return name
 
 
-# Headless MuJoCo rendering: each MUJOCO_GL backend and the shared library it loads, in order of preference.
-GL_BACKENDS = (("egl", ("libEGL.so.1",)), ("osmesa", ("libOSMesa.so.8", "libOSMesa.so.6", "libOSMesa.so")))
+# Headless MuJoCo rendering: each MUJOCO_GL backend and a shared library it loads, in order of preference.
+GL_BACKENDS = (("egl", "libEGL.so.1"), ("osmesa", "libOSMesa.so.8"), ("osmesa", "libOSMesa.so.6"), ("osmesa", "libOSMesa.so"))
 GL_PACKAGES = "Mesa's EGL (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0) or OSMesa (apt-get install libosmesa6)"
-
-
-def library_loads(names: tuple[str, ...]) -> bool:
-    for name in names:
-        with contextlib.suppress(OSError):
-            return ctypes.CDLL(name) is not None
-    return False
 
 
 def choose_gl_backend(capture_video: bool) -> str | None:
     """Set MUJOCO_GL before mujoco loads: the user's, else 'disable' without video, else the first GL_BACKENDS that loads."""
+    if capture_video:  # pygame draws classic control's frames with no display (SDL's own error line otherwise)
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     if "MUJOCO_GL" in os.environ or (capture_video and sys.platform != "linux"):
         return os.environ.get("MUJOCO_GL", "default")  # "default": MuJoCo's own windowing (macOS, Windows)
-    backend = next((name for name, libraries in GL_BACKENDS if library_loads(libraries)), None) if capture_video else "disable"
-    os.environ["MUJOCO_GL"] = backend or "disable"
-    return backend
+    os.environ["MUJOCO_GL"] = "disable"
+    for backend, library in GL_BACKENDS if capture_video else ():
+        with contextlib.suppress(OSError):  # a library that does not load
+            ctypes.CDLL(library)
+            os.environ["MUJOCO_GL"] = backend
+            return backend
+    return None if capture_video else "disable"
 
 
 def check_video(env_id: str, gl_backend: str | None) -> None:
@@ -1176,8 +1209,22 @@ def save_checkpoint(run: Run, kind: str) -> None:
     ckpt |= {"agent": run.agent.state_dict(), "duals": run.duals.state_dict(), "obs_rms": run.obs_rms.state_dict()}
     ckpt["optimizers"] = {name: optimizer.state_dict() for name, optimizer in run.optimizers.items()}
     ckpt["reward_rms"] = run.reward_scaler.rms.state_dict()
-    torch.save(ckpt, f"{path}.tmp")
-    os.replace(f"{path}.tmp", path)
+    buffer = io.BytesIO()  # written by Python, whose error names its cause (torch's own writer's does not)
+    torch.save(ckpt, buffer)
+    try:
+        with open(f"{path}.tmp", "wb") as f:
+            f.write(buffer.getbuffer())
+        os.replace(f"{path}.tmp", path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(f"{path}.tmp")
+        raise
+
+
+def last_checkpoint(run: Run) -> str:
+    """`_last.pt` and its step, read back from the file: a Ctrl-C or a failed write can land after a save's rename."""
+    path = run.path("last")
+    return f"{path} (step {torch.load(path, map_location='cpu', weights_only=True)['global_step']})"
 
 
 def load_checkpoint(path: str, flag: str) -> dict:
@@ -1192,11 +1239,22 @@ def load_checkpoint(path: str, flag: str) -> dict:
     if algo != SCRIPT:
         written_by = f"{algo}.py" if isinstance(algo, str) else "something else"
         raise ConfigError(f"{flag} {path!r} was written by {written_by}, not {SCRIPT}.py; load it with that script")
+    if not isinstance(ckpt.get("args"), dict):
+        raise ConfigError(f"{flag} {path!r} has no saved options ('args'): not a whole {SCRIPT}_*.pt file")
     changed = sorted(set(ckpt["args"]) ^ {field.name for field in dataclasses.fields(Args)})
     if changed:  # a version with other options: no silent default stands in for a setting the run had, or lacked
         options = ", ".join(f"--{name.replace('_', '-')}" for name in changed)
         raise ConfigError(f"{flag} {path!r} was written by a {SCRIPT}.py with other options ({options}; see CHANGELOG.md)")
+    if not finite(ckpt):
+        raise ConfigError(f"{flag} {path!r} holds NaN or inf values (a diverged run's); use an earlier checkpoint")
     return ckpt
+
+
+def finite(tree) -> bool:
+    """Whether every floating-point tensor in a checkpoint's nested dicts and lists is finite."""
+    if isinstance(tree, dict | list | tuple):
+        return all(finite(value) for value in (tree.values() if isinstance(tree, dict) else tree))
+    return not (isinstance(tree, torch.Tensor) and tree.is_floating_point()) or bool(tree.isfinite().all())
 
 
 # Resume and eval-only take the checkpoint's arguments, except these: how this run is run and logged.
@@ -1225,8 +1283,15 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
         require(getattr(args, name) > 0, name, "> 0")
     require(args.rpo_alpha is None or args.rpo_alpha >= 0, "rpo_alpha", ">= 0 (0: no shift; unset: the family's)")
     require(args.lr_horizon >= 0, "lr_horizon", ">= 0 (0: anneal over --total-timesteps)")
-    for name in ("num_envs", "num_steps", "m_steps", "num_minibatches", "eval_episodes"):
+    for name in (
+        "num_envs",
+        "num_steps",
+        "m_steps",
+        "num_minibatches",
+    ):
         require(getattr(args, name) >= 1, name, ">= 1")
+    require(1 <= args.eval_episodes <= 1000, "eval_episodes", "in [1, 1000] (one env each)")
+    require(0 <= args.seed < 2**32, "seed", "in [0, 2**32) (numpy's seeds)")
     for name in ("torch_threads", "eval_interval"):
         require(getattr(args, name) >= 0, name, ">= 0 (0: the default)")
     for name in ("gamma", "gae_lambda"):
@@ -1248,21 +1313,23 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
     policy = choose_policy(args, space)
     if args.capture_video:
         check_video(args.env_id, gl_backend)
-    try:
+    try:  # a real write of 1 MiB: root passes os.access where writes fail (/sys), and a full disk fails here, in one line
         os.makedirs(args.output_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=args.output_dir) as probe:
+            probe.write(bytes(2**20))
     except OSError as e:
-        raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created ({e.strerror or e})") from None
-    if not os.access(args.output_dir, os.W_OK | os.X_OK):
-        raise ConfigError(f"--output-dir {args.output_dir!r} is not writable")
+        raise ConfigError(f"--output-dir {args.output_dir!r} cannot be created or written ({e.strerror or e})") from None
     return policy
 
 
 if __name__ == "__main__":
     # MKL's strict mode, read at its first call: products sum in one order on any thread count (importing sets nothing)
     os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+    # A failed write (a full disk) is reported in one line by the loop: TensorBoard's writer thread need not print it too.
+    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
     try:
         s = train(tyro.cli(Args))  # the summary
-    except (ConfigError, TrainingDiverged) as e:
+    except (ConfigError, TrainingDiverged, OSError) as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         sys.exit(130)

@@ -50,7 +50,7 @@ def run_cli(
     )
 
 
-def start_interruptible(cmd: Sequence[str], **popen_kwargs) -> subprocess.Popen:
+def start_interruptible(cmd: Sequence[str], env: dict | None = None, **popen_kwargs) -> subprocess.Popen:
     """Popen a training run that a test will SIGINT. A shell without job control starts
     background jobs (`make test &`, `nohup ...`) with SIGINT ignored, and Python keeps it
     ignored; the child gets the default handler back so Ctrl-C reaches it as a user's would."""
@@ -59,7 +59,7 @@ def start_interruptible(cmd: Sequence[str], **popen_kwargs) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=script_env(),
+        env=script_env(env),
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         **popen_kwargs,
     )

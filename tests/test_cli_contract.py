@@ -7,6 +7,8 @@ machine without any GL library still trains, and says what to install when asked
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
 import math
 import os
@@ -106,6 +108,14 @@ def bad_checkpoint(kind: str, name: str, checkpoints: dict[str, Path], tmp_path:
         data = checkpoints[name].read_bytes()
         path.write_bytes(data[: len(data) // 2])
         return path, "is not a readable checkpoint"
+    if kind in ("no-args", "nan-weight"):  # this script's own, but without its options, or with a weight gone NaN
+        ckpt = torch.load(checkpoints[name], weights_only=True)
+        if kind == "no-args":
+            del ckpt["args"]
+        else:
+            next(iter(ckpt["agent"].values())).view(-1)[0] = math.nan
+        torch.save(ckpt, path)
+        return path, "has no saved options ('args')" if kind == "no-args" else "holds NaN or inf values"
     if kind == "other-version":  # an option this version lacks (an older one had it), and one of its own missing
         ckpt = torch.load(checkpoints[name], weights_only=True)
         del ckpt["args"]["gamma"]
@@ -116,7 +126,7 @@ def bad_checkpoint(kind: str, name: str, checkpoints: dict[str, Path], tmp_path:
     return path, f"was written by {other}.py, not {name}.py"
 
 
-@pytest.mark.parametrize("kind", ["garbage", "truncated", "other-script", "other-version"])
+@pytest.mark.parametrize("kind", ["garbage", "truncated", "other-script", "other-version", "no-args", "nan-weight"])
 @pytest.mark.parametrize("flag", ["--checkpoint", "--resume"])
 @pytest.mark.parametrize("name", NAMES)
 def test_a_checkpoint_that_is_not_this_scripts_is_one_clear_error(name, flag, kind, checkpoints, tmp_path):
@@ -131,12 +141,51 @@ def test_a_checkpoint_that_is_not_this_scripts_is_one_clear_error(name, flag, ki
     assert not (tmp_path / "runs").exists()  # rejected before any work
 
 
+@pytest.mark.parametrize("kind,mode", [("garbage", "--resume"), ("no-args", "--resume"), ("nan-weight", "--resume"),
+                                       ("nan-weight", "--eval-only")])  # fmt: skip
 @pytest.mark.parametrize("name", NAMES)
-def test_bad_checkpoint_on_the_command_line_is_one_line_and_exit_1(name, tmp_path):
-    garbage = tmp_path / "garbage.pt"
-    garbage.write_text("not a checkpoint")
-    line = one_error_line(run_cli(f"{name}.py", ["--resume", str(garbage), "--output-dir", str(tmp_path)]))
-    assert "is not a readable checkpoint" in line and "weights_only" not in line
+def test_bad_checkpoint_on_the_command_line_is_one_line_and_exit_1(name, kind, mode, checkpoints, tmp_path):
+    """A NaN weight is refused before any work: it is neither evaluated nor trained, nor saved again as `_last.pt`."""
+    path, words = bad_checkpoint(kind, name, checkpoints, tmp_path)
+    flags = ["--eval-only", "--checkpoint", str(path)] if mode == "--eval-only" else ["--resume", str(path)]
+    line = one_error_line(run_cli(f"{name}.py", [*flags, "--no-cuda", "--output-dir", str(tmp_path / "runs")]))
+    assert words in line and "weights_only" not in line
+    assert not (tmp_path / "runs").exists()
+
+
+def bad_inputs() -> list:
+    """(script, flags, extra environment, the start of its one line), for every script that has the flags."""
+    cases = [
+        (["--seed", "-1"], {}, "--seed must be in [0, 2**32) (numpy's seeds), got -1"),
+        (["--seed", "4294967296"], {}, "--seed must be in [0, 2**32) (numpy's seeds), got 4294967296"),
+        (["--eval-episodes", "1000000000"], {}, "--eval-episodes must be in [1, 1000] (one env each), got 1000000000"),
+        (["--output-dir", "/sys/kernel"], {}, "--output-dir '/sys/kernel' cannot be created or written ("),
+        (["--env-id", "dm_control/cartpole/balance"], {"MUJOCO_GL": "nonsense"}, "dm_control does not import with "),
+        (["--ent-coef", "-1"], {}, "--ent-coef must be >= 0, got -1.0"),
+        (["--vf-coef", "-1"], {}, "--vf-coef must be >= 0, got -1.0"),
+        (["--target-kl", "-1"], {}, "--target-kl must be > 0 (or left unset), got -1.0"),
+    ]
+    fields = {name: {f.name for f in dataclasses.fields(importlib.import_module(name).Args)} for name in NAMES}
+    return [(name, *case) for name in NAMES for case in cases if case[0][0][2:].replace("-", "_") in fields[name]]
+
+
+@pytest.mark.parametrize("name,flags,env,message", bad_inputs())
+def test_a_bad_input_on_the_command_line_is_one_line_before_any_work(name, flags, env, message, tmp_path):
+    proc = run_cli(f"{name}.py", tiny_cli(name, "--output-dir", str(tmp_path / "runs"), *flags), env=env)
+    assert one_error_line(proc).startswith(f"error: {message}")
+    assert not list(tmp_path.glob("runs/*"))  # no run directory
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_learning_rate_that_sends_the_weights_to_nan_stops_in_one_line_under_either_family(name, tmp_path):
+    """Pendulum trains the Beta under `--policy auto`, whose NaN concentrations torch.distributions would refuse."""
+    lr = "--policy-lr" if name == "vmpo_continuous" else "--learning-rate"
+    proc = run_cli(f"{name}.py", tiny_cli(name, "--total-timesteps", str(2 * BATCH), lr, "inf", "--output-dir", str(tmp_path)))
+    last = single_run_dir(tmp_path) / f"{name}_last.pt"
+    line = one_error_line(proc)
+    assert line.startswith("error: non-finite ") and line.endswith(
+        f"at global step {BATCH}; stopped. Last good checkpoint: {last} (step 0)"
+    )
 
 
 # ---------------------------------------------------------------------------------
@@ -153,7 +202,7 @@ def test_an_output_dir_that_cannot_be_created_is_one_clear_error(name, where, tm
         (tmp_path / "a-file").write_text("")
         output_dir, reason = str(tmp_path / "a-file" / "runs"), "Not a directory"
     module = importlib.import_module(name)
-    with pytest.raises(module.ConfigError, match=rf"--output-dir '{output_dir}' cannot be created \({reason}\)"):
+    with pytest.raises(module.ConfigError, match=rf"--output-dir '{output_dir}' cannot be created or written \({reason}\)"):
         train(name, *tiny_cli(name, "--total-timesteps", str(BATCH), "--output-dir", output_dir))
 
 
@@ -174,8 +223,9 @@ def test_video_of_a_classic_control_env(name, tmp_path):
         tiny_cli(
             name, "--total-timesteps", str(BATCH), "--eval-interval", "0", "--capture-video", "--output-dir", str(tmp_path)
         ),
+        env={"XDG_RUNTIME_DIR": ""},  # as on a machine without a desktop session, where SDL complains in a line of its own
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "error" not in proc.stderr, proc.stderr[-3000:]  # pygame's SDL prints none either
     videos = list((single_run_dir(tmp_path) / "videos").glob("*.mp4"))
     assert videos, "no mp4 written"
     frames = imageio.mimread(videos[0], memtest=False)
@@ -320,11 +370,11 @@ def test_ctrl_c_keeps_the_last_trained_step_and_resume_repeats_nothing(name, tmp
     ckpt = torch.load(last, weights_only=True)
     saved = ckpt["global_step"]
     assert saved >= 3 * BATCH and saved % BATCH == 0
-    assert f"interrupted; the last checkpoint, at step {saved} (the last trained step), is {last}" in stdout
+    assert f"interrupted; the last trained step's checkpoint is {last} (step {saved})" in stdout
     assert all(torch.isfinite(t).all() for t in ckpt["agent"].values())
     logged = [step for step, _ in read_scalars(run_dir)["charts/SPS"]]
-    # Logging follows the save, so the interrupted run logged every update up to the saved one (or the one before).
-    assert logged == list(range(BATCH, logged[-1] + 1, BATCH)) and logged[-1] in (saved - BATCH, saved)
+    # Ctrl-C waits for the loop's next check, after the update's save and its logging: every update up to the saved one.
+    assert logged == list(range(BATCH, saved + 1, BATCH))
 
     resumed = train(
         name,
@@ -363,7 +413,116 @@ def test_ctrl_c_right_after_a_checkpoints_rename_names_the_step_on_disk(name, tm
     last = single_run_dir(tmp_path) / f"{name}_last.pt"
     saved = torch.load(last, weights_only=True)["global_step"]
     assert saved == 2 * BATCH
-    assert f"interrupted; the last checkpoint, at step {saved} (the last trained step), is {last}" in capsys.readouterr().out
+    assert f"interrupted; the last trained step's checkpoint is {last} (step {saved})" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_first_ctrl_c_waits_for_the_loops_check_and_a_second_stops_at_once(name):
+    """Raised inside TensorBoard's writer, Ctrl-C can leave the writer's lock held, and the run then hangs closing it:
+    the first press is only noted and raised where the loop checks, a second raises at once, and the handler before
+    comes back. Where SIGINT is ignored (`nohup`, a background job), it stays ignored."""
+    module = importlib.import_module(name)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as a run from a terminal has it
+    try:
+        ctrl_c = module.DeferredCtrlC()
+        try:
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                pytest.fail("the first Ctrl-C was raised where it was pressed, not at the loop's check")
+            with pytest.raises(KeyboardInterrupt):
+                ctrl_c.check()
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+        finally:
+            ctrl_c.restore()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        module.DeferredCtrlC().restore()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+# A Ctrl-C while the script imports its libraries: a real SIGINT, sent as tyro's import starts.
+SIGINT_ON_IMPORT = """import os, signal, sys
+class SigintOnImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tyro":
+            os.kill(os.getpid(), signal.SIGINT)
+sys.meta_path.insert(0, SigintOnImport())
+"""
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ctrl_c_during_the_imports_exits_130_without_a_traceback(name, tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(SIGINT_ON_IMPORT)
+    proc = start_interruptible([sys.executable, str(ROOT / f"{name}.py"), "--help"], env={"PYTHONPATH": str(tmp_path)})
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and not stderr.strip() and not stdout, stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resuming_a_step_0_checkpoint_says_so(name, checkpoints, tmp_path):
+    """What a run interrupted before its first update leaves: `_last.pt` at step 0."""
+    ckpt = torch.load(checkpoints[name], weights_only=True)
+    torch.save(ckpt | {"global_step": 0, "iteration": 0}, tmp_path / "step0.pt")
+    cli = tiny_cli(
+        name, "--resume", str(tmp_path / "step0.pt"), "--total-timesteps", str(BATCH), "--output-dir", str(tmp_path)
+    )
+    proc = run_cli(f"{name}.py", cli)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resuming = f"resuming {tmp_path / 'step0.pt'} at step 0 with its saved hyperparameters; training to step {BATCH}"
+    assert resuming in proc.stdout.splitlines()
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Path:
+    """An 8 MiB tmpfs, mounted for the test (root only), so that a disk fills up for real."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no `mount` command to make a small tmpfs")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (root only): {proc.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(disk: Path) -> None:
+    """Write until the disk is full."""
+    fd = os.open(disk / f"filler{len(list(disk.glob('filler*')))}", os.O_WRONLY | os.O_CREAT)
+    with contextlib.suppress(OSError):
+        while True:
+            os.write(fd, bytes(1 << 16))
+    os.close(fd)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_disk_that_fills_up_ends_the_run_in_one_line_naming_the_checkpoint_it_kept(name, small_disk):
+    """Full before the start: one line before any work. Full mid-run: one line naming `_last.pt`, which still loads at its
+    step; no `.tmp` is left behind."""
+    fill(small_disk)
+    line = one_error_line(run_cli(f"{name}.py", tiny_cli(name, "--output-dir", str(small_disk / "full"))))
+    assert "No space left on device" in line and not list(small_disk.glob("full/*")), line
+    for filler in small_disk.glob("filler*"):
+        filler.unlink()
+    out = small_disk / "runs"
+    cli = tiny_cli(name, "--total-timesteps", "100000000", "--eval-interval", "0", "--output-dir", str(out))
+    proc = start_interruptible([sys.executable, str(ROOT / f"{name}.py"), *cli])
+    try:
+        wait_for_iteration(proc, out, name, 2)
+        fill(small_disk)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    last = single_run_dir(out) / f"{name}_last.pt"
+    saved = torch.load(last, weights_only=True)["global_step"]
+    line = one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    assert line == f"error: [Errno 28] No space left on device; stopped. Last good checkpoint: {last} (step {saved})"
+    assert saved >= 2 * BATCH and not list(out.glob("*/*.tmp"))
 
 
 # ---------------------------------------------------------------------------------

@@ -476,7 +476,7 @@ def test_ctrl_c_saves_checkpoint_and_resume_continues_like_an_uninterrupted_run(
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-3000:]
-    assert "interrupted; the last checkpoint, at step" in stdout and "Traceback" not in stderr
+    assert "interrupted; the last trained step's checkpoint is " in stdout and "Traceback" not in stderr
     run_dir = single_run_dir(out)
     ckpt = torch.load(run_dir / "ppo_continuous_last.pt", weights_only=True)
     assert 640 <= ckpt["global_step"] < 9600 and ckpt["global_step"] == 64 * ckpt["iteration"]
