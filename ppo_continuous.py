@@ -46,9 +46,7 @@ except KeyboardInterrupt:
     sys.exit(130)
 
 
-# ---------------------------------------------------------------------------------------
-# Arguments
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Arguments
 @dataclasses.dataclass
 class Args:
     """PPO with RPO's perturbation for continuous actions (a Gaussian the env clips, or a Beta on the box), in one file."""
@@ -149,9 +147,7 @@ class TrainingDiverged(RuntimeError):
     """A loss became NaN or inf; the run stops without overwriting the last good checkpoint."""
 
 
-# ---------------------------------------------------------------------------------------
-# Network
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Network
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
@@ -300,9 +296,7 @@ BETA_EPS = 1e-6
 UNBOUNDED = 1e6  # where an infinite bound of the action box stands
 
 
-# ---------------------------------------------------------------------------------------
-# Normalization
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Normalization
 class RunningMeanStd:
     """Running mean and variance (float64) of batches (Chan et al.'s parallel update); disabled, `normalize` only casts."""
 
@@ -348,9 +342,7 @@ class RewardScaler:
         return reward / np.sqrt(self.rms.var + 1e-8)
 
 
-# ---------------------------------------------------------------------------------------
-# Rollout
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Rollout
 @dataclasses.dataclass
 class Rollout:
     """(num_steps, num_envs, ...) float32 arrays; NEXT_STEP autoreset: row t+1 is s_{t+1}, the final observation too."""
@@ -415,9 +407,7 @@ def collect_rollout(policy: RolloutPolicy, envs, obs: np.ndarray, obs_rms, scale
     return obs, episodes
 
 
-# ---------------------------------------------------------------------------------------
-# Advantages
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Advantages
 def compute_gae(rewards, values, next_values, terminated, truncated, gamma: float, gae_lambda: float) -> tuple:
     """GAE over (T, N) tensors; `next_values[t]` is V of step t's real successor, the final observation where an episode
     ended (so truncation bootstraps from it). A terminated successor is worth 0; no advantage crosses an episode end."""
@@ -445,9 +435,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
     return float("nan") if var_returns == 0 else float(1.0 - (returns - values).var(unbiased=False) / var_returns)
 
 
-# ---------------------------------------------------------------------------------------
-# Losses and update
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Losses and update
 def clipped_surrogate_loss(ratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float) -> torch.Tensor:
     # LaTeX: L^{\mathrm{CLIP}} = -\mathbb{E}_t[\min(\rho_t \hat{A}_t, \mathrm{clip}(\rho_t, 1-\epsilon, 1+\epsilon) \hat{A}_t)]
     return -torch.min(ratio * advantages, torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef) * advantages).mean()
@@ -526,9 +514,7 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
     return stats | {"rpo_clipfrac": rpo_clipfrac.item()}
 
 
-# ---------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Training
 @dataclasses.dataclass
 class Run:
     args: Args
@@ -739,9 +725,7 @@ def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> N
     print(f"\r{line}\033[K" if tty else line, end="\n" if final or not tty else "", flush=True)
 
 
-# ---------------------------------------------------------------------------------------
-# Environments
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Environments
 DM_CONTROL_FORMS = "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0 (e.g. dm_control/walker/walk)"
 
 
@@ -950,9 +934,7 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
     return envs
 
 
-# ---------------------------------------------------------------------------------------
-# Evaluation
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Evaluation
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
     """The deterministic policy's returns (its mean action), then the sampled policy's from the same starts; logs `eval/*`."""
@@ -992,9 +974,7 @@ def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.nd
     return returns, lengths
 
 
-# ---------------------------------------------------------------------------------------
-# Checkpoints
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Checkpoints
 def rng_state(device: torch.device) -> dict:
     """The generators: torch's (minibatch order, RPO's noise), numpy's (actions, cached Gaussian too) and the GPU's."""
     _, key, pos, has_gauss, gauss = np.random.get_state()
@@ -1084,9 +1064,7 @@ def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
     return dataclasses.replace(args, **saved)
 
 
-# ---------------------------------------------------------------------------------------
-# Argument checks
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Argument checks
 def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | None, str]:
     """Reject impossible settings with one line, before any heavy work; `choose_policy`'s answer for the env's actions."""
 

@@ -41,9 +41,7 @@ except KeyboardInterrupt:
     sys.exit(130)
 
 
-# ---------------------------------------------------------------------------------------
-# Arguments
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Arguments
 @dataclasses.dataclass
 class Args:
     """PPO with a categorical policy for discrete actions, in one file."""
@@ -129,9 +127,7 @@ class TrainingDiverged(RuntimeError):
     """A loss or a parameter became NaN or inf; the run stops and keeps its last good checkpoint."""
 
 
-# ---------------------------------------------------------------------------------------
-# Network
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Network
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
@@ -167,9 +163,7 @@ def categorical_log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) ->
     return log_prob, entropy
 
 
-# ---------------------------------------------------------------------------------------
-# Normalization
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Normalization
 class RunningMeanStd:
     """Running mean/variance (float64) of observations, merged batch by batch (Chan et al.); disabled, a no-op."""
 
@@ -197,9 +191,7 @@ class RunningMeanStd:
         self.mean, self.var, self.count = state["mean"].numpy().copy(), state["var"].numpy().copy(), float(state["count"])
 
 
-# ---------------------------------------------------------------------------------------
-# Rollout
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Rollout
 @dataclasses.dataclass
 class Rollout:
     """``(num_steps, num_envs)`` storage in numpy: the env speaks numpy; one conversion per rollout."""
@@ -256,9 +248,7 @@ def collect_rollout(agent, envs, raw_obs, obs_rms, device, buf: Rollout) -> tupl
     return raw_obs, episodes
 
 
-# ---------------------------------------------------------------------------------------
-# Advantages
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Advantages
 def compute_gae(rewards, values, next_values, terminated, truncated, gamma: float, gae_lambda: float):
     """Advantages and value targets of a ``(num_steps, num_envs)`` rollout; the recursion stops at every episode end."""
     not_done = 1.0 - (terminated | truncated).float()
@@ -285,9 +275,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
     return float("nan") if var_returns == 0 else float(1.0 - (returns - values).var(unbiased=False) / var_returns)
 
 
-# ---------------------------------------------------------------------------------------
-# Losses and update
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Losses and update
 def clipped_surrogate_loss(ratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float) -> torch.Tensor:
     # The paper maximizes L^CLIP (its Eq. 7); this is its negative, minimized by gradient descent.
     # LaTeX: L^{CLIP} = -\mathbb{E}_t\left[\min\left(\rho_t \hat{A}_t, \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon) \hat{A}_t\right)\right]
@@ -369,9 +357,7 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict, args
     return stats | {key: value.item() for key, value in diagnostics.items()} | {"epochs": epoch}
 
 
-# ---------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Training
 @dataclasses.dataclass
 class Run:
     args: Args
@@ -574,9 +560,7 @@ def print_progress(run: Run, sps: float, recent_returns: deque, final: bool) -> 
     print(f"\r{line}\033[K" if tty else line, end="\n" if final or not tty else "", flush=True)
 
 
-# ---------------------------------------------------------------------------------------
-# Environments
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Environments
 DM_CONTROL_FORMS = "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0 (e.g. dm_control/walker/walk)"
 
 
@@ -632,9 +616,7 @@ def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = F
     return envs
 
 
-# ---------------------------------------------------------------------------------------
-# Evaluation
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Evaluation
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
     """One greedy episode per eval env, frozen normalizer; logs ``eval/*``; films env 0 to ``videos/<video_name>.mp4``."""
@@ -664,9 +646,7 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
     return returns
 
 
-# ---------------------------------------------------------------------------------------
-# Checkpoints
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Checkpoints
 def rng_state(device: torch.device) -> dict:
     """The generators: torch's (actions, minibatch order); numpy's (cached Gaussian too) and the GPU's, for a user's change."""
     _, key, pos, has_gauss, gauss = np.random.get_state()
@@ -753,9 +733,7 @@ def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
     return dataclasses.replace(args, **saved)
 
 
-# ---------------------------------------------------------------------------------------
-# Argument checks
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Argument checks
 def check_args(args: Args) -> None:
     """Reject bad input with one clear line before any heavy work."""
 

@@ -48,9 +48,7 @@ except KeyboardInterrupt:
     sys.exit(130)
 
 
-# ---------------------------------------------------------------------------------------
-# Arguments
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Arguments
 @dataclasses.dataclass
 class Args:
     """V-MPO for continuous actions (a Gaussian policy that the env clips, or a Beta on the box), in one file."""
@@ -176,9 +174,7 @@ class TrainingDiverged(RuntimeError):
     """A loss or a parameter became NaN/inf."""
 
 
-# ---------------------------------------------------------------------------------------
-# Network
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Network
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
@@ -370,9 +366,7 @@ BETA_EPS = 1e-6
 UNBOUNDED = 1e6  # where an infinite bound of the action box stands
 
 
-# ---------------------------------------------------------------------------------------
-# Normalization
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Normalization
 class RunningMeanStd:
     """Running mean and variance (float64) of batches (Chan et al.'s parallel update), shared by all training envs."""
 
@@ -418,9 +412,7 @@ class RewardScaler:
         return reward / np.sqrt(self.rms.var + 1e-8)
 
 
-# ---------------------------------------------------------------------------------------
-# Rollout
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Rollout
 @dataclasses.dataclass
 class Rollout:
     """(num_steps, num_envs, ...) tensors; NEXT_STEP autoreset: row t+1 is s_{t+1}, the final observation too."""
@@ -472,9 +464,7 @@ def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.T
     return next_obs, episodes
 
 
-# ---------------------------------------------------------------------------------------
-# Advantages
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Advantages
 def compute_gae(rewards, values, next_values, terminated, truncated, gamma: float, gae_lambda: float) -> tuple:
     """Advantages and value targets, (num_steps, num_envs); next_values[t] is V of s_t's real successor (NEXT_STEP's row)."""
     advantages, last = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
@@ -506,9 +496,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
     return float("nan") if var_returns == 0 else float(1.0 - (returns - values).var(unbiased=False) / var_returns)
 
 
-# ---------------------------------------------------------------------------------------
-# Losses and update
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Losses and update
 class DualVariables(nn.Module):
     """The temperature eta and the KL multipliers alpha_mu, alpha_sigma: each softplus(raw_*) + 1e-8, so it stays > 0."""
 
@@ -685,9 +673,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     return stats
 
 
-# ---------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Training
 @dataclasses.dataclass
 class Run:
     args: Args
@@ -922,9 +908,7 @@ def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> N
     print(f"\r{line}\033[K" if tty else line, end="\n" if final or not tty else "", flush=True)
 
 
-# ---------------------------------------------------------------------------------------
-# Environments
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Environments
 DM_CONTROL_FORMS = "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0 (e.g. dm_control/walker/walk)"
 
 
@@ -1133,9 +1117,7 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
     return envs
 
 
-# ---------------------------------------------------------------------------------------
-# Evaluation
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Evaluation
 @torch.inference_mode()
 def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
     """The deterministic policy's returns (its mean action), then the sampled policy's from the same starts; logs `eval/*`."""
@@ -1176,9 +1158,7 @@ def run_episodes(run: Run, policy, video_name: str | None = None) -> tuple[np.nd
     return returns, lengths
 
 
-# ---------------------------------------------------------------------------------------
-# Checkpoints
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Checkpoints
 def rng_state(device: torch.device) -> dict:
     """The generators: torch's (actions, minibatch order, RPO's noise), numpy's (cached Gaussian too) and the GPU's."""
     _, key, pos, has_gauss, gauss = np.random.get_state()
@@ -1268,9 +1248,7 @@ def args_with_checkpoint(args: Args, ckpt: dict) -> Args:
     return dataclasses.replace(args, **saved)
 
 
-# ---------------------------------------------------------------------------------------
-# Argument checks
-# ---------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- Argument checks
 def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | None, str]:
     """Reject impossible settings with one line, before any heavy work; `choose_policy`'s answer for the env's actions."""
 
