@@ -12,8 +12,6 @@ The math: ``docs/ppo_discrete.md`` (the whole file) and ``docs/ppo_discrete_anno
 comment with the line below it). Continuous actions (``Box``): use ``ppo_continuous.py``.
 """
 
-from __future__ import annotations
-
 import contextlib
 import copy
 import dataclasses
@@ -206,15 +204,11 @@ class Rollout:
     truncated: np.ndarray
 
     @classmethod
-    def empty(cls, num_steps: int, envs: gym.vector.VectorEnv) -> Rollout:
+    def empty(cls, num_steps: int, envs: gym.vector.VectorEnv) -> "Rollout":
         zeros = lambda dtype=np.float32, shape=(): np.zeros((num_steps, envs.num_envs, *shape), dtype)  # noqa: E731
         per_step = {name: zeros() for name in ("logprobs", "values", "next_values", "rewards")}
         ends = {name: zeros(bool) for name in ("terminated", "truncated")}
         return cls(obs=zeros(shape=envs.single_observation_space.shape), actions=zeros(np.int64), **per_step, **ends)
-
-
-def as_tensor(obs: np.ndarray, obs_rms: RunningMeanStd, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(obs_rms.normalize(obs), device=device)
 
 
 @torch.inference_mode()
@@ -222,7 +216,7 @@ def collect_rollout(agent, envs, raw_obs, obs_rms, device, buf: Rollout) -> tupl
     """Fill ``buf``, update ``obs_rms``; return the next raw obs and the ended episodes' (step offset, return, length)."""
     num_steps, num_envs = buf.rewards.shape
     episodes = []
-    obs_t = as_tensor(raw_obs, obs_rms, device)
+    obs_t = torch.as_tensor(obs_rms.normalize(raw_obs), device=device)
     value_t = agent.get_value(obs_t)
     for step in range(num_steps):
         # Sampling straight from the logits: a torch.distributions object costs more than the MLP here.
@@ -236,13 +230,13 @@ def collect_rollout(agent, envs, raw_obs, obs_rms, device, buf: Rollout) -> tupl
         raw_obs, reward, terminated, truncated, infos = envs.step(buf.actions[step])
         buf.rewards[step], buf.terminated[step], buf.truncated[step] = reward, terminated, truncated
         obs_rms.update(raw_obs)
-        obs_t = as_tensor(raw_obs, obs_rms, device)
+        obs_t = torch.as_tensor(obs_rms.normalize(raw_obs), device=device)
         value_t = agent.get_value(obs_t)
         buf.next_values[step] = value_t.cpu().numpy()
         # SAME_STEP: an ended env's raw_obs is the reset one; a truncated step bootstraps from its real final observation.
         if truncated.any():
-            final_obs = np.stack([infos["final_obs"][i] for i in np.flatnonzero(truncated)])
-            buf.next_values[step, truncated] = agent.get_value(as_tensor(final_obs, obs_rms, device)).cpu().numpy()
+            final_obs = obs_rms.normalize(np.stack([infos["final_obs"][i] for i in np.flatnonzero(truncated)]))
+            buf.next_values[step, truncated] = agent.get_value(torch.as_tensor(final_obs, device=device)).cpu().numpy()
         for i in np.flatnonzero(infos.get("_episode", [])):
             episodes.append(((step + 1) * num_envs, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
     return raw_obs, episodes
@@ -319,8 +313,7 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict, args
     minibatch_size = batch_size // args.num_minibatches
     losses, log_ratios = [], []  # per minibatch, detached: the diagnostics are computed once, after the update
     for epoch in range(1, args.update_epochs + 1):  # noqa: B007  (`epoch` is reported)
-        # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
-        order = torch.randperm(batch_size).to(batch["obs"].device)
+        order = torch.randperm(batch_size).to(batch["obs"].device)  # the CPU generator: the same order on any device
         for idx in order.split(minibatch_size):
             log_prob, entropy = categorical_log_prob_entropy(agent.actor(batch["obs"][idx]), batch["actions"][idx])
             # LaTeX: \log \rho_t = \log \pi_\theta(a_t|s_t) - \log \pi_{\theta_{old}}(a_t|s_t)
@@ -347,10 +340,9 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict, args
         if args.target_kl is not None:  # checked once per epoch (as CleanRL does), on the epoch's mean KL
             if kl_diagnostics(torch.cat(log_ratios[-args.num_minibatches :]), args.clip_coef)["approx_kl"] > args.target_kl:
                 break  # the policy has moved too far from the one that acted
-    # Checked once after the update, not per minibatch: a check reads the value back, which on a GPU waits for the queue.
+    # Checked once, not per minibatch (a GPU's queue waits for each read); an inf gradient norm leaves the losses finite.
     stats = dict(zip(("policy_loss", "value_loss", "entropy", "loss"), torch.stack(losses).mean(0).tolist(), strict=True))
     bad = [name for name, value in stats.items() if not math.isfinite(value)]
-    # An inf gradient norm turns the clipped gradient, and so the parameters, into NaN while the losses stay finite.
     if bad or not nn.utils.parameters_to_vector(agent.parameters()).isfinite().all():
         raise TrainingDiverged(f"non-finite {', '.join(bad) or 'parameters'}")
     diagnostics = kl_diagnostics(torch.cat(log_ratios), args.clip_coef)
@@ -417,12 +409,8 @@ def set_up(args: Args) -> Run:
     envs = make_vector_env(args, args.num_envs, args.seed)
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, render_first=args.capture_video)
     obs_dim = envs.single_observation_space.shape[0]
-    num_actions = int(envs.single_action_space.n)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the orthogonal init's QR sums in an order that depends on the thread count
-    agent = Agent(obs_dim, num_actions, args.policy_hidden_sizes, args.value_hidden_sizes).to(device)
-    if device.type == "cuda":  # on the CPU torch keeps one thread: for tiny MLPs threading costs more than it saves
-        torch.set_num_threads(threads)
+    torch.set_num_threads(1)  # for tiny MLPs threads cost more than they save; and the init's QR sums in one order
+    agent = Agent(obs_dim, int(envs.single_action_space.n), args.policy_hidden_sizes, args.value_hidden_sizes).to(device)
     obs_rms = RunningMeanStd((obs_dim,), args.norm_obs)
     run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), obs_rms)
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
@@ -469,9 +457,8 @@ def train(args: Args) -> dict:
     batch_size = args.num_envs * args.num_steps
     # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
     num_iterations = args.total_timesteps // batch_size
-    # The rollout acts on the CPU, too small a pass to pay for a GPU's launches; on a GPU, a CPU copy synced after updates.
-    cpu = torch.device("cpu")
-    acting_agent = agent if run.device == cpu else copy.deepcopy(agent).to(cpu)
+    cpu = torch.device("cpu")  # the rollout acts on the CPU: its passes are too small to pay for a GPU's launches
+    acting_agent = agent if run.device == cpu else copy.deepcopy(agent).to(cpu)  # on a GPU, a copy synced after updates
     rollout = Rollout.empty(args.num_steps, run.envs)
     raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
     run.obs_rms.update(raw_obs)
@@ -483,8 +470,7 @@ def train(args: Args) -> dict:
         print(f"training to step {end_step}: {rounded}")
     recent_returns = deque(maxlen=20)
     train_time, trained_steps = 0.0, 0
-    # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
-    save_checkpoint(run, "last")
+    save_checkpoint(run, "last")  # _last always holds the last completed update: a Ctrl-C loses only unfinished work
     ctrl_c = DeferredCtrlC()
     try:
         for iteration in range(run.iteration + 1, num_iterations + 1):
@@ -627,7 +613,7 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         # LaTeX: a_t = \arg\max_b \pi_\theta(b|s_t)
-        actions = run.agent.actor(as_tensor(obs, run.obs_rms, run.device)).argmax(-1).cpu().numpy()
+        actions = run.agent.actor(torch.as_tensor(run.obs_rms.normalize(obs), device=run.device)).argmax(-1).cpu().numpy()
         obs, rewards, terminated, truncated, _ = envs.step(actions)
         if frames is not None and not (finished[0] or terminated[0] or truncated[0]):  # SAME_STEP: env 0 has reset
             frames.append(envs.unwrapped.envs[0].render())
@@ -648,10 +634,8 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
 
 # -------------------------------------------------------------------------------- Checkpoints
 def rng_state(device: torch.device) -> dict:
-    """The generators: torch's (actions, minibatch order); numpy's (cached Gaussian too) and the GPU's, for a user's change."""
-    _, key, pos, has_gauss, gauss = np.random.get_state()
-    numpy = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
-    state = {"torch": torch.get_rng_state(), "numpy": numpy}
+    """The generators the run draws from: torch's (actions, minibatch order) and, on a GPU, CUDA's."""
+    state = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -660,8 +644,6 @@ def rng_state(device: torch.device) -> dict:
 def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> None:
     """The checkpoint's generators; one line where the resumed run cannot repeat an uninterrupted one bit for bit."""
     torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
     if saved_on != device.type:
