@@ -1,11 +1,10 @@
-"""PPO for continuous actions: a diagonal Gaussian (or Beta) policy trained with the clipped surrogate and GAE.
+"""PPO for continuous actions: a Gaussian (or Beta) policy trained with the clipped surrogate and GAE.
 
-PPO (Schulman et al., 2017, https://arxiv.org/abs/1707.06347) with GAE (Schulman et al., 2016, arXiv:1506.02438): the
-Gaussian's mean is an MLP, its log std a free parameter, the value a separate MLP; actions are clipped only where they enter
-the env; a truncated episode bootstraps from its final observation's value. The update evaluates the policy at a randomly
-shifted mean (the Beta: logits), as RPO does (Rahman & Xue, 2022, arXiv:2212.07536); `--rpo-alpha 0` is plain PPO.
-`--policy auto` trains that Gaussian on the control suite and elsewhere a Beta on the action box (Chou et al., 2017,
-"Improving Stochastic Policy Gradients in Continuous Control with Deep Reinforcement Learning using the Beta Distribution").
+PPO (Schulman et al., 2017, arXiv:1707.06347) with GAE (Schulman et al., 2016, arXiv:1506.02438): the Gaussian's mean is
+an MLP, its log std a free parameter, the value a separate MLP; the env clips the actions; a truncated episode bootstraps
+from its final observation's value. The update evaluates the policy at a randomly shifted mean (the Beta: logits), as RPO
+does (Rahman & Xue, 2022, arXiv:2212.07536); `--rpo-alpha 0` is plain PPO. `--policy auto` trains that Gaussian on the
+control suite and elsewhere a Beta on the action box (Chou et al., 2017).
 
     python ppo_continuous.py --env-id dm_control/walker/walk
     python ppo_continuous.py --env-id dm_control/cartpole/swingup --total-timesteps 500000 --track
@@ -110,8 +109,7 @@ class Args:
     policy: Literal["auto", "gaussian", "beta"] = "auto"
     """the policy family. auto: gaussian on dm_control/... tasks or an unbounded box, else beta; gaussian: the env clips"""
     rpo_alpha: float | None = None
-    """RPO: the update shifts the policy's outputs (the Gaussian's mean, the Beta's logits) by Uniform(-alpha, alpha)
-    noise, holding the policy's spread up; None: the family's, gaussian 0.5, beta 0.2; 0: plain PPO"""
+    """RPO: the update shifts the mean (the Beta: logits) by Uniform(-alpha, alpha); None: gaussian 0.5, beta 0.2; 0: PPO"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer sizes of the policy-mean MLP"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
@@ -164,9 +162,7 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int = 0, out_std: f
 
 
 class Agent(nn.Module):
-    def __init__(
-        self, obs_dim: int, action_space, policy: str, policy_hidden_sizes: tuple, value_hidden_sizes: tuple, init_log_std=0.0
-    ):
+    def __init__(self, obs_dim: int, action_space, policy: str, policy_hidden_sizes, value_hidden_sizes, init_log_std=0.0):
         super().__init__()
         self.critic = mlp(obs_dim, tuple(value_hidden_sizes), 1, out_std=1.0)
         self.actor = mlp(obs_dim, tuple(policy_hidden_sizes))
@@ -212,7 +208,6 @@ class GaussianPolicy(BoxPolicy):
         noise = np.random.standard_normal(params.shape).astype(np.float32)
         # LaTeX: u_t = \mu_\theta(s_t) + \sigma \odot \xi_t, \quad \xi_t \sim \mathcal{N}(0, I)
         u = params + np.exp(log_std) * noise
-        # log_prob's density written with the noise, since (u - mu) / sigma = xi.
         # LaTeX: \log \pi_\theta(u_t \mid s_t) = -\frac{1}{2} \|\xi_t\|^2 - \sum_j \log \sigma_j - \frac{d}{2} \log 2\pi
         logprob = -0.5 * np.square(noise).sum(-1) - (log_std.sum() + 0.5 * math.log(2.0 * math.pi) * params.shape[-1])
         return u, logprob
@@ -473,15 +468,14 @@ def make_optimizer(agent: Agent, args: Args) -> torch.optim.Optimizer:
 
 
 def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], args: Args) -> dict:
-    """Epochs of minibatch steps on the clipped surrogate; returns the diagnostics' means over minibatches."""
+    """Epochs of minibatch steps on the clipped surrogate; the diagnostics' means, checked once (a check syncs a GPU)."""
     size = batch["advantages"].numel()  # reset steps are not in the batch, so it can be a little short of N * T
     minibatch_size = size // args.num_minibatches
     columns = [batch[k].reshape(size, -1) for k in ("obs", "actions", "logprobs", "advantages", "returns", "values")]
     packed, widths = torch.cat(columns, 1), [c.shape[1] for c in columns]  # one gather per epoch shuffles all
     losses, logratios, family = [], [], agent.policy_head  # detached, per minibatch: the diagnostics come at the end
     for epoch in range(1, args.update_epochs + 1):  # noqa: B007  (`epoch` is reported)
-        # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
-        shuffled = packed[torch.randperm(size).to(packed.device)]
+        shuffled = packed[torch.randperm(size).to(packed.device)]  # the CPU generator: one order on any device
         for minibatch in shuffled[: minibatch_size * args.num_minibatches].split(minibatch_size):
             obs, actions, old_logprob, advantages, returns, old_values = minibatch.split(widths, dim=1)
             params = agent.policy(obs)
@@ -502,7 +496,6 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
             losses.append(torch.stack([pg_loss, v_loss, entropy]).detach())
         if args.target_kl is not None and approx_kl(torch.cat(logratios[-args.num_minibatches :])[:, 0])[1] > args.target_kl:
             break  # this epoch's mean KL estimate is past the target
-    # Checked once after the update, not per minibatch: a check reads the value back, which on a GPU waits for the queue.
     stats = dict(zip(("policy_loss", "value_loss", "entropy"), torch.stack(losses).mean(0).tolist(), strict=True))
     bad = [name for name, value in stats.items() if not math.isfinite(value)]
     if bad or not all(torch.isfinite(p).all() for p in agent.parameters()):  # an inf gradient can leave the loss finite
@@ -647,7 +640,6 @@ def train(args: Args) -> dict:
         print(f"training to step {end_step}: {rounded}")
     recent_returns = deque(maxlen=20)
     train_time, trained_steps = 0.0, 0
-    # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
     save_checkpoint(run, "last")
     ctrl_c = DeferredCtrlC()
     try:
@@ -1074,12 +1066,7 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
 
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
         require(getattr(args, name) > 0, name, "> 0")
-    for name in (
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-    ):
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
         require(getattr(args, name) >= 1, name, ">= 1")
     require(1 <= args.eval_episodes <= 1000, "eval_episodes", "in [1, 1000] (one env each)")
     require(0 <= args.seed < 2**32, "seed", "in [0, 2**32) (numpy's seeds)")
@@ -1115,8 +1102,7 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
 
 
 if __name__ == "__main__":
-    # MKL's strict mode, read at its first call: products sum in one order on any thread count (importing sets nothing)
-    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # MKL's products sum in one order on any thread count
     # A failed write (a full disk) is reported in one line by the loop: TensorBoard's writer thread need not print it too.
     threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
     try:
