@@ -575,22 +575,20 @@ def set_up(args: Args) -> Run:
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, render_first=args.capture_video)
     threads = args.torch_threads or torch.get_num_threads()  # the update's and EnvPool's
     envs = None if args.eval_only else make_training_envs(args, args.seed, threads)
-    obs_dim = eval_envs.single_observation_space.shape[0]
     torch.set_num_threads(1)  # the orthogonal init's QR sums in an order that depends on the thread count
     network = (args.policy, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std)
-    agent = Agent(obs_dim, eval_envs.single_action_space, *network).to(device)
+    agent = Agent(eval_envs.single_observation_space.shape[0], eval_envs.single_action_space, *network).to(device)
     torch.set_num_threads(threads)  # the update's
-    obs_rms = RunningMeanStd((obs_dim,), args.norm_obs)
+    obs_rms = RunningMeanStd(eval_envs.single_observation_space.shape, args.norm_obs)
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
     run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), scaler, obs_rms)
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
         run.agent.load_state_dict(source["agent"])
         run.obs_rms.load_state_dict(source["obs_rms"])
-        run.global_step = source["global_step"]
+        run.global_step, run.iteration = source["global_step"], source["iteration"]
         if args.resume:
             run.optimizer.load_state_dict(source["optimizer"])
             run.reward_scaler.rms.load_state_dict(source["reward_rms"])
-            run.iteration = source["iteration"]
             restore_rng(source["rng"], device, source.get("device", "cpu"), source_path)
     return run
 
@@ -624,7 +622,7 @@ def train(args: Args) -> dict:
         print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
         summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=0.0, wall_time=time.time() - start_time)
         return summary | dict(final_eval_return=mean, final_eval_std=std, best_eval_return=mean, eval_returns=eval_returns)
-    args, agent, optimizer, writer = run.args, run.agent, run.optimizer, run.writer
+    args, agent, optimizer, writer, family = run.args, run.agent, run.optimizer, run.writer, run.agent.policy_head
     batch_size = args.num_envs * args.num_steps
     # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
     num_iterations = args.total_timesteps // batch_size
@@ -670,13 +668,12 @@ def train(args: Args) -> dict:
             train_time, trained_steps = train_time + time.time() - tick, trained_steps + batch_size
             # ---- log
             sps = trained_steps / train_time
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], run.global_step)
-            writer.add_scalar("charts/SPS", sps, run.global_step)
             stats["explained_variance"] = explained_variance(batch["values"], batch["returns"])
+            stats = {f"losses/{key}": value for key, value in stats.items()}
+            stats |= {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/SPS": sps}
+            stats["charts/actions_at_bounds"] = family.at_bounds(family.env_action(batch["actions"])).float().mean()
             for key, value in stats.items():
-                writer.add_scalar(f"losses/{key}", value, run.global_step)
-            at_bounds = agent.policy_head.at_bounds(agent.policy_head.env_action(batch["actions"]))
-            writer.add_scalar("charts/actions_at_bounds", at_bounds.float().mean(), run.global_step)
+                writer.add_scalar(key, value, run.global_step)
             # ---- evaluate and save: every eval_interval steps, and at the end
             every, last = args.eval_interval, iteration == num_iterations
             if last or (every > 0 and run.global_step // every > (run.global_step - batch_size) // every):
@@ -718,11 +715,8 @@ def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> N
 
 
 # -------------------------------------------------------------------------------- Environments
-DM_CONTROL_FORMS = "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0 (e.g. dm_control/walker/walk)"
-
-
 def resolve_env_id(env_id: str) -> str:
-    """The gymnasium id of an accepted env id; any other id is a ConfigError that says what is accepted."""
+    forms = "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0 (e.g. dm_control/walker/walk)"
     if env_id.startswith("Probe"):
         with contextlib.suppress(ImportError):  # probe_envs.py registers the probe ids; a copied script may lack it
             import probe_envs  # noqa: F401
@@ -736,7 +730,7 @@ def resolve_env_id(env_id: str) -> str:
         gym.register_envs(shimmy)
         match = re.fullmatch(r"dm_control/(\w+)(?:/(\w+)|-(\w+)-v0)", env_id)
         if match is None:
-            raise ConfigError(f"malformed dm_control id {env_id!r}; accepted forms: {DM_CONTROL_FORMS}")
+            raise ConfigError(f"malformed dm_control id {env_id!r}; accepted forms: {forms}")
         domain, task = match[1], match[2] or match[3]
         if domain not in suite.TASKS_BY_DOMAIN:
             domains = ", ".join(sorted(suite.TASKS_BY_DOMAIN))
@@ -752,7 +746,7 @@ def resolve_env_id(env_id: str) -> str:
         except ImportError as e:
             raise ConfigError(f"env id {env_id!r}: its module {module!r} does not import ({e})") from None
     if name not in gym.registry:
-        raise ConfigError(f"unknown env id {env_id!r}; accepted: a registered gymnasium id, {DM_CONTROL_FORMS}, or a probe id")
+        raise ConfigError(f"unknown env id {env_id!r}; accepted: a registered gymnasium id, {forms}, or a probe id")
     return name
 
 
@@ -782,8 +776,7 @@ def check_video(env_id: str, gl_backend: str | None) -> None:
     if gl_backend is None and (gym_id.startswith("dm_control/") or "mujoco" in str(gym.spec(gym_id).entry_point)):
         raise ConfigError(f"--capture-video: no OpenGL library loads for rendering {env_id}; install {GL_PACKAGES}")
     try:
-        with warnings.catch_warnings():  # gymnasium warns about unsupported render modes: the check below says it
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):  # gymnasium warns of unsupported render modes: the check below says it
             with gym.make(gym_id, render_mode="rgb_array") as env:
                 env.reset(seed=0)
                 frame = env.render()
@@ -818,8 +811,7 @@ ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")
 def envpool_task_id(gym_id: str) -> str | None:
     """EnvPool's id (dm_control/walker-walk-v0 -> WalkerWalk-v1, Hopper-v5 -> Hopper-v5), or None where it has no port."""
     try:
-        with warnings.catch_warnings():  # its glfw import warns on a machine without a display; nothing here renders
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):  # its glfw import warns without a display; nothing here renders
             import envpool
     except ImportError:
         return None
@@ -909,11 +901,9 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
     def close_extras(self, **kwargs) -> None:
         if self.pool is not None:
             self.pool.close()
-            self.pool = None
 
 
 def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.VectorEnv:
-    """The training envs of --env-backend, with NEXT_STEP resets and episode statistics on both backends."""
     backend = choose_env_backend(args)[0] if args.env_backend == "auto" else args.env_backend
     if backend == "gymnasium":
         return make_vector_env(args, args.num_envs, seed)
@@ -978,7 +968,6 @@ def rng_state(device: torch.device) -> dict:
 
 
 def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> None:
-    """The checkpoint's generators; one line where the resumed run cannot repeat an uninterrupted one bit for bit."""
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
@@ -990,7 +979,6 @@ def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> 
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
-    """`<script>_<kind>.pt` with the run's state at `run.global_step`, written atomically."""
     path = run.path(kind)
     ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "rng": rng_state(run.device), "device": run.device.type}
     ckpt |= {"eval_return": run.last_eval, "global_step": run.global_step, "iteration": run.iteration}
@@ -1002,10 +990,9 @@ def save_checkpoint(run: Run, kind: str) -> None:
         with open(f"{path}.tmp", "wb") as f:
             f.write(buffer.getbuffer())
         os.replace(f"{path}.tmp", path)
-    except OSError:
+    finally:  # a failed write leaves no .tmp
         with contextlib.suppress(OSError):
             os.remove(f"{path}.tmp")
-        raise
 
 
 def last_checkpoint(run: Run) -> str:
@@ -1015,7 +1002,6 @@ def last_checkpoint(run: Run) -> str:
 
 
 def load_checkpoint(path: str, flag: str) -> dict:
-    """One of this script's checkpoints, or a ConfigError that says what the file is instead."""
     if not os.path.isfile(path):
         raise ConfigError(f"{flag} {path!r}: no such file")
     try:
@@ -1040,7 +1026,6 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 
 def finite(tree) -> bool:
-    """Whether every floating-point tensor in a checkpoint's nested dicts and lists is finite."""
     if isinstance(tree, dict | list | tuple):
         return all(finite(value) for value in (tree.values() if isinstance(tree, dict) else tree))
     return not (isinstance(tree, torch.Tensor) and tree.is_floating_point()) or bool(tree.isfinite().all())
