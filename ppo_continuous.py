@@ -1,11 +1,10 @@
-"""PPO for continuous actions: a diagonal Gaussian (or Beta) policy trained with the clipped surrogate and GAE.
+"""PPO for continuous actions: a Gaussian (or Beta) policy trained with the clipped surrogate and GAE.
 
-PPO (Schulman et al., 2017, https://arxiv.org/abs/1707.06347) with GAE (Schulman et al., 2016, arXiv:1506.02438): the
-Gaussian's mean is an MLP, its log std a free parameter, the value a separate MLP; actions are clipped only where they enter
-the env; a truncated episode bootstraps from its final observation's value. The update evaluates the policy at a randomly
-shifted mean (the Beta: logits), as RPO does (Rahman & Xue, 2022, arXiv:2212.07536); `--rpo-alpha 0` is plain PPO.
-`--policy auto` trains that Gaussian on the control suite and elsewhere a Beta on the action box (Chou et al., 2017,
-"Improving Stochastic Policy Gradients in Continuous Control with Deep Reinforcement Learning using the Beta Distribution").
+PPO (Schulman et al., 2017, arXiv:1707.06347) with GAE (Schulman et al., 2016, arXiv:1506.02438): the Gaussian's mean is
+an MLP, its log std a free parameter, the value a separate MLP; the env clips the actions; a truncated episode bootstraps
+from its final observation's value. The update evaluates the policy at a randomly shifted mean (the Beta: logits), as RPO
+does (Rahman & Xue, 2022, arXiv:2212.07536); `--rpo-alpha 0` is plain PPO. `--policy auto` trains that Gaussian on the
+control suite and elsewhere a Beta on the action box (Chou et al., 2017).
 
     python ppo_continuous.py --env-id dm_control/walker/walk
     python ppo_continuous.py --env-id dm_control/cartpole/swingup --total-timesteps 500000 --track
@@ -110,8 +109,7 @@ class Args:
     policy: Literal["auto", "gaussian", "beta"] = "auto"
     """the policy family. auto: gaussian on dm_control/... tasks or an unbounded box, else beta; gaussian: the env clips"""
     rpo_alpha: float | None = None
-    """RPO: the update shifts the policy's outputs (the Gaussian's mean, the Beta's logits) by Uniform(-alpha, alpha)
-    noise, holding the policy's spread up; None: the family's, gaussian 0.5, beta 0.2; 0: plain PPO"""
+    """RPO: the update shifts the mean (the Beta: logits) by Uniform(-alpha, alpha); None: gaussian 0.5, beta 0.2; 0: PPO"""
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer sizes of the policy-mean MLP"""
     value_hidden_sizes: tuple[int, ...] = (256, 256)
@@ -164,9 +162,7 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int = 0, out_std: f
 
 
 class Agent(nn.Module):
-    def __init__(
-        self, obs_dim: int, action_space, policy: str, policy_hidden_sizes: tuple, value_hidden_sizes: tuple, init_log_std=0.0
-    ):
+    def __init__(self, obs_dim: int, action_space, policy: str, policy_hidden_sizes, value_hidden_sizes, init_log_std=0.0):
         super().__init__()
         self.critic = mlp(obs_dim, tuple(value_hidden_sizes), 1, out_std=1.0)
         self.actor = mlp(obs_dim, tuple(policy_hidden_sizes))
@@ -212,7 +208,6 @@ class GaussianPolicy(BoxPolicy):
         noise = np.random.standard_normal(params.shape).astype(np.float32)
         # LaTeX: u_t = \mu_\theta(s_t) + \sigma \odot \xi_t, \quad \xi_t \sim \mathcal{N}(0, I)
         u = params + np.exp(log_std) * noise
-        # log_prob's density written with the noise, since (u - mu) / sigma = xi.
         # LaTeX: \log \pi_\theta(u_t \mid s_t) = -\frac{1}{2} \|\xi_t\|^2 - \sum_j \log \sigma_j - \frac{d}{2} \log 2\pi
         logprob = -0.5 * np.square(noise).sum(-1) - (log_std.sum() + 0.5 * math.log(2.0 * math.pi) * params.shape[-1])
         return u, logprob
@@ -473,15 +468,14 @@ def make_optimizer(agent: Agent, args: Args) -> torch.optim.Optimizer:
 
 
 def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], args: Args) -> dict:
-    """Epochs of minibatch steps on the clipped surrogate; returns the diagnostics' means over minibatches."""
+    """Epochs of minibatch steps on the clipped surrogate; the diagnostics' means, checked once (a check syncs a GPU)."""
     size = batch["advantages"].numel()  # reset steps are not in the batch, so it can be a little short of N * T
     minibatch_size = size // args.num_minibatches
     columns = [batch[k].reshape(size, -1) for k in ("obs", "actions", "logprobs", "advantages", "returns", "values")]
     packed, widths = torch.cat(columns, 1), [c.shape[1] for c in columns]  # one gather per epoch shuffles all
     losses, logratios, family = [], [], agent.policy_head  # detached, per minibatch: the diagnostics come at the end
     for epoch in range(1, args.update_epochs + 1):  # noqa: B007  (`epoch` is reported)
-        # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
-        shuffled = packed[torch.randperm(size).to(packed.device)]
+        shuffled = packed[torch.randperm(size).to(packed.device)]  # the CPU generator: one order on any device
         for minibatch in shuffled[: minibatch_size * args.num_minibatches].split(minibatch_size):
             obs, actions, old_logprob, advantages, returns, old_values = minibatch.split(widths, dim=1)
             params = agent.policy(obs)
@@ -502,7 +496,6 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, batch: dict[str, 
             losses.append(torch.stack([pg_loss, v_loss, entropy]).detach())
         if args.target_kl is not None and approx_kl(torch.cat(logratios[-args.num_minibatches :])[:, 0])[1] > args.target_kl:
             break  # this epoch's mean KL estimate is past the target
-    # Checked once after the update, not per minibatch: a check reads the value back, which on a GPU waits for the queue.
     stats = dict(zip(("policy_loss", "value_loss", "entropy"), torch.stack(losses).mean(0).tolist(), strict=True))
     bad = [name for name, value in stats.items() if not math.isfinite(value)]
     if bad or not all(torch.isfinite(p).all() for p in agent.parameters()):  # an inf gradient can leave the loss finite
@@ -582,22 +575,20 @@ def set_up(args: Args) -> Run:
     eval_envs = make_vector_env(args, args.eval_episodes, args.seed + 10_000, render_first=args.capture_video)
     threads = args.torch_threads or torch.get_num_threads()  # the update's and EnvPool's
     envs = None if args.eval_only else make_training_envs(args, args.seed, threads)
-    obs_dim = eval_envs.single_observation_space.shape[0]
     torch.set_num_threads(1)  # the orthogonal init's QR sums in an order that depends on the thread count
     network = (args.policy, args.policy_hidden_sizes, args.value_hidden_sizes, args.init_log_std)
-    agent = Agent(obs_dim, eval_envs.single_action_space, *network).to(device)
+    agent = Agent(eval_envs.single_observation_space.shape[0], eval_envs.single_action_space, *network).to(device)
     torch.set_num_threads(threads)  # the update's
-    obs_rms = RunningMeanStd((obs_dim,), args.norm_obs)
+    obs_rms = RunningMeanStd(eval_envs.single_observation_space.shape, args.norm_obs)
     scaler = RewardScaler(args.num_envs, args.gamma, args.reward_scaling)
     run = Run(args, device, run_dir, writer, envs, eval_envs, agent, make_optimizer(agent, args), scaler, obs_rms)
     if source is not None:  # the checkpoint's own env and hyperparameters (args_with_checkpoint)
         run.agent.load_state_dict(source["agent"])
         run.obs_rms.load_state_dict(source["obs_rms"])
-        run.global_step = source["global_step"]
+        run.global_step, run.iteration = source["global_step"], source["iteration"]
         if args.resume:
             run.optimizer.load_state_dict(source["optimizer"])
             run.reward_scaler.rms.load_state_dict(source["reward_rms"])
-            run.iteration = source["iteration"]
             restore_rng(source["rng"], device, source.get("device", "cpu"), source_path)
     return run
 
@@ -631,7 +622,7 @@ def train(args: Args) -> dict:
         print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
         summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=0.0, wall_time=time.time() - start_time)
         return summary | dict(final_eval_return=mean, final_eval_std=std, best_eval_return=mean, eval_returns=eval_returns)
-    args, agent, optimizer, writer = run.args, run.agent, run.optimizer, run.writer
+    args, agent, optimizer, writer, family = run.args, run.agent, run.optimizer, run.writer, run.agent.policy_head
     batch_size = args.num_envs * args.num_steps
     # LaTeX: U = \left\lfloor \frac{T_{total}}{N \cdot T} \right\rfloor
     num_iterations = args.total_timesteps // batch_size
@@ -647,7 +638,6 @@ def train(args: Args) -> dict:
         print(f"training to step {end_step}: {rounded}")
     recent_returns = deque(maxlen=20)
     train_time, trained_steps = 0.0, 0
-    # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
     save_checkpoint(run, "last")
     ctrl_c = DeferredCtrlC()
     try:
@@ -678,13 +668,12 @@ def train(args: Args) -> dict:
             train_time, trained_steps = train_time + time.time() - tick, trained_steps + batch_size
             # ---- log
             sps = trained_steps / train_time
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], run.global_step)
-            writer.add_scalar("charts/SPS", sps, run.global_step)
             stats["explained_variance"] = explained_variance(batch["values"], batch["returns"])
+            stats = {f"losses/{key}": value for key, value in stats.items()}
+            stats |= {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/SPS": sps}
+            stats["charts/actions_at_bounds"] = family.at_bounds(family.env_action(batch["actions"])).float().mean()
             for key, value in stats.items():
-                writer.add_scalar(f"losses/{key}", value, run.global_step)
-            at_bounds = agent.policy_head.at_bounds(agent.policy_head.env_action(batch["actions"]))
-            writer.add_scalar("charts/actions_at_bounds", at_bounds.float().mean(), run.global_step)
+                writer.add_scalar(key, value, run.global_step)
             # ---- evaluate and save: every eval_interval steps, and at the end
             every, last = args.eval_interval, iteration == num_iterations
             if last or (every > 0 and run.global_step // every > (run.global_step - batch_size) // every):
@@ -726,11 +715,8 @@ def print_progress(run: Run, sps: float, recent_return: float, final: bool) -> N
 
 
 # -------------------------------------------------------------------------------- Environments
-DM_CONTROL_FORMS = "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0 (e.g. dm_control/walker/walk)"
-
-
 def resolve_env_id(env_id: str) -> str:
-    """The gymnasium id of an accepted env id; any other id is a ConfigError that says what is accepted."""
+    forms = "dm_control/<domain>/<task> or dm_control/<domain>-<task>-v0 (e.g. dm_control/walker/walk)"
     if env_id.startswith("Probe"):
         with contextlib.suppress(ImportError):  # probe_envs.py registers the probe ids; a copied script may lack it
             import probe_envs  # noqa: F401
@@ -744,7 +730,7 @@ def resolve_env_id(env_id: str) -> str:
         gym.register_envs(shimmy)
         match = re.fullmatch(r"dm_control/(\w+)(?:/(\w+)|-(\w+)-v0)", env_id)
         if match is None:
-            raise ConfigError(f"malformed dm_control id {env_id!r}; accepted forms: {DM_CONTROL_FORMS}")
+            raise ConfigError(f"malformed dm_control id {env_id!r}; accepted forms: {forms}")
         domain, task = match[1], match[2] or match[3]
         if domain not in suite.TASKS_BY_DOMAIN:
             domains = ", ".join(sorted(suite.TASKS_BY_DOMAIN))
@@ -760,7 +746,7 @@ def resolve_env_id(env_id: str) -> str:
         except ImportError as e:
             raise ConfigError(f"env id {env_id!r}: its module {module!r} does not import ({e})") from None
     if name not in gym.registry:
-        raise ConfigError(f"unknown env id {env_id!r}; accepted: a registered gymnasium id, {DM_CONTROL_FORMS}, or a probe id")
+        raise ConfigError(f"unknown env id {env_id!r}; accepted: a registered gymnasium id, {forms}, or a probe id")
     return name
 
 
@@ -790,8 +776,7 @@ def check_video(env_id: str, gl_backend: str | None) -> None:
     if gl_backend is None and (gym_id.startswith("dm_control/") or "mujoco" in str(gym.spec(gym_id).entry_point)):
         raise ConfigError(f"--capture-video: no OpenGL library loads for rendering {env_id}; install {GL_PACKAGES}")
     try:
-        with warnings.catch_warnings():  # gymnasium warns about unsupported render modes: the check below says it
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):  # gymnasium warns of unsupported render modes: the check below says it
             with gym.make(gym_id, render_mode="rgb_array") as env:
                 env.reset(seed=0)
                 frame = env.render()
@@ -826,8 +811,7 @@ ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")
 def envpool_task_id(gym_id: str) -> str | None:
     """EnvPool's id (dm_control/walker-walk-v0 -> WalkerWalk-v1, Hopper-v5 -> Hopper-v5), or None where it has no port."""
     try:
-        with warnings.catch_warnings():  # its glfw import warns on a machine without a display; nothing here renders
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):  # its glfw import warns without a display; nothing here renders
             import envpool
     except ImportError:
         return None
@@ -917,11 +901,9 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
     def close_extras(self, **kwargs) -> None:
         if self.pool is not None:
             self.pool.close()
-            self.pool = None
 
 
 def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.VectorEnv:
-    """The training envs of --env-backend, with NEXT_STEP resets and episode statistics on both backends."""
     backend = choose_env_backend(args)[0] if args.env_backend == "auto" else args.env_backend
     if backend == "gymnasium":
         return make_vector_env(args, args.num_envs, seed)
@@ -986,7 +968,6 @@ def rng_state(device: torch.device) -> dict:
 
 
 def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> None:
-    """The checkpoint's generators; one line where the resumed run cannot repeat an uninterrupted one bit for bit."""
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
@@ -998,7 +979,6 @@ def restore_rng(state: dict, device: torch.device, saved_on: str, path: str) -> 
 
 
 def save_checkpoint(run: Run, kind: str) -> None:
-    """`<script>_<kind>.pt` with the run's state at `run.global_step`, written atomically."""
     path = run.path(kind)
     ckpt = {"algo": SCRIPT, "args": dataclasses.asdict(run.args), "rng": rng_state(run.device), "device": run.device.type}
     ckpt |= {"eval_return": run.last_eval, "global_step": run.global_step, "iteration": run.iteration}
@@ -1010,10 +990,9 @@ def save_checkpoint(run: Run, kind: str) -> None:
         with open(f"{path}.tmp", "wb") as f:
             f.write(buffer.getbuffer())
         os.replace(f"{path}.tmp", path)
-    except OSError:
+    finally:  # a failed write leaves no .tmp
         with contextlib.suppress(OSError):
             os.remove(f"{path}.tmp")
-        raise
 
 
 def last_checkpoint(run: Run) -> str:
@@ -1023,7 +1002,6 @@ def last_checkpoint(run: Run) -> str:
 
 
 def load_checkpoint(path: str, flag: str) -> dict:
-    """One of this script's checkpoints, or a ConfigError that says what the file is instead."""
     if not os.path.isfile(path):
         raise ConfigError(f"{flag} {path!r}: no such file")
     try:
@@ -1048,7 +1026,6 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 
 def finite(tree) -> bool:
-    """Whether every floating-point tensor in a checkpoint's nested dicts and lists is finite."""
     if isinstance(tree, dict | list | tuple):
         return all(finite(value) for value in (tree.values() if isinstance(tree, dict) else tree))
     return not (isinstance(tree, torch.Tensor) and tree.is_floating_point()) or bool(tree.isfinite().all())
@@ -1074,12 +1051,7 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
 
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
         require(getattr(args, name) > 0, name, "> 0")
-    for name in (
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-    ):
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
         require(getattr(args, name) >= 1, name, ">= 1")
     require(1 <= args.eval_episodes <= 1000, "eval_episodes", "in [1, 1000] (one env each)")
     require(0 <= args.seed < 2**32, "seed", "in [0, 2**32) (numpy's seeds)")
@@ -1115,8 +1087,7 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
 
 
 if __name__ == "__main__":
-    # MKL's strict mode, read at its first call: products sum in one order on any thread count (importing sets nothing)
-    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # MKL's products sum in one order on any thread count
     # A failed write (a full disk) is reported in one line by the loop: TensorBoard's writer thread need not print it too.
     threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
     try:
