@@ -152,8 +152,7 @@ class Args:
     anneal_lr: bool = True
     """anneal the policy and value learning rates (how: --lr-horizon; off: constant, the paper's)"""
     lr_horizon: int = 500_000
-    """H > 0: as H / (H + step), the same at every budget, so a longer run never takes larger steps; 0: linearly to 0
-    over --total-timesteps"""
+    """H > 0: as H / (H + step), alike at any budget (a longer run never steps larger); 0: linearly to 0 over the total"""
     ppo_like_backbone: bool = True
     """orthogonal Linear+Tanh, a state-independent log-std; off: the paper's LayerNorm/ELU, a state-dependent log-std head"""
     norm_obs: bool = True
@@ -794,14 +793,13 @@ def train(args: Args) -> dict:
         print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
         summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=0.0, wall_time=time.time() - start_time)
         return summary | dict(final_eval_return=mean, final_eval_std=std, best_eval_return=mean, eval_returns=eval_returns)
-    args, agent, optimizers, writer = run.args, run.agent, run.optimizers, run.writer
+    args, agent, optimizers, writer, family = run.args, run.agent, run.optimizers, run.writer, run.agent.policy_head
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     threads = torch.get_num_threads()  # the update's, as set_up leaves them
     # The rollout acts on the CPU, too small a pass to pay for a GPU's launches; on a GPU, a CPU copy synced after updates.
-    cpu = torch.device("cpu")
-    acting_agent = agent if run.device == cpu else copy.deepcopy(agent).to(cpu)
-    rollout = Rollout.empty(args.num_steps, run.envs, cpu)
+    acting_agent = agent if run.device.type == "cpu" else copy.deepcopy(agent).cpu()
+    rollout = Rollout.empty(args.num_steps, run.envs, torch.device("cpu"))
     raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
     run.obs_rms.update(raw_obs)
     next_obs = torch.as_tensor(run.obs_rms.normalize(raw_obs))
@@ -813,8 +811,7 @@ def train(args: Args) -> dict:
         print(f"training to step {end_step}: {rounded}")
     recent_returns = deque(maxlen=20)
     train_time, trained_steps = 0.0, 0
-    # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
-    save_checkpoint(run, "last")
+    save_checkpoint(run, "last")  # _last always holds the last completed update: Ctrl-C loses only unfinished work
     ctrl_c = DeferredCtrlC()
     try:
         for iteration in range(run.iteration + 1, num_iterations + 1):
@@ -852,13 +849,10 @@ def train(args: Args) -> dict:
             train_time, trained_steps = train_time + time.time() - tick, trained_steps + batch_size
             # ---- log
             sps = trained_steps / train_time
-            writer.add_scalar("charts/learning_rate", optimizers["model"].param_groups[0]["lr"], run.global_step)
-            writer.add_scalar("charts/SPS", sps, run.global_step)
+            stats |= {"charts/learning_rate": optimizers["model"].param_groups[0]["lr"], "charts/SPS": sps}
             trained = batch["resets"] == 0  # the value's fit over the trained samples, with the values that acted
             stats["losses/explained_variance"] = explained_variance(batch["values"][trained], batch["returns"][trained])
-            # The share of the played action components within 1% of the box's width from a bound: near 1, bang-bang.
-            head = agent.policy_head
-            stats["charts/actions_at_bounds"] = head.at_bounds(head.env_action(batch["u"][trained])).float().mean()
+            stats["charts/actions_at_bounds"] = family.at_bounds(family.env_action(batch["u"][trained])).float().mean()
             for key, value in stats.items():
                 writer.add_scalar(key, value, run.global_step)
             # ---- evaluate and save: every eval_interval steps, and at the end
@@ -973,8 +967,7 @@ def check_video(env_id: str, gl_backend: str | None) -> None:
     if gl_backend is None and (gym_id.startswith("dm_control/") or "mujoco" in str(gym.spec(gym_id).entry_point)):
         raise ConfigError(f"--capture-video: no OpenGL library loads for rendering {env_id}; install {GL_PACKAGES}")
     try:
-        with warnings.catch_warnings():  # gymnasium warns about unsupported render modes: the check below says it
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):  # gymnasium warns of unsupported render modes: the check below says it
             with gym.make(gym_id, render_mode="rgb_array") as env:
                 env.reset(seed=0)
                 frame = env.render()
@@ -1009,8 +1002,7 @@ ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")
 def envpool_task_id(gym_id: str) -> str | None:
     """EnvPool's id (dm_control/walker-walk-v0 -> WalkerWalk-v1, Hopper-v5 -> Hopper-v5), or None where it has no port."""
     try:
-        with warnings.catch_warnings():  # its glfw import warns on a machine without a display; nothing here renders
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):  # its glfw import warns without a display; nothing here renders
             import envpool
     except ImportError:
         return None
@@ -1195,10 +1187,9 @@ def save_checkpoint(run: Run, kind: str) -> None:
         with open(f"{path}.tmp", "wb") as f:
             f.write(buffer.getbuffer())
         os.replace(f"{path}.tmp", path)
-    except OSError:
+    finally:  # a failed write leaves no .tmp behind (a renamed one is gone already)
         with contextlib.suppress(OSError):
             os.remove(f"{path}.tmp")
-        raise
 
 
 def last_checkpoint(run: Run) -> str:
@@ -1261,12 +1252,7 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
         require(getattr(args, name) > 0, name, "> 0")
     require(args.rpo_alpha is None or args.rpo_alpha >= 0, "rpo_alpha", ">= 0 (0: no shift; unset: the family's)")
     require(args.lr_horizon >= 0, "lr_horizon", ">= 0 (0: anneal over --total-timesteps)")
-    for name in (
-        "num_envs",
-        "num_steps",
-        "m_steps",
-        "num_minibatches",
-    ):
+    for name in ("num_envs", "num_steps", "m_steps", "num_minibatches"):
         require(getattr(args, name) >= 1, name, ">= 1")
     require(1 <= args.eval_episodes <= 1000, "eval_episodes", "in [1, 1000] (one env each)")
     require(0 <= args.seed < 2**32, "seed", "in [0, 2**32) (numpy's seeds)")
@@ -1301,8 +1287,7 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
 
 
 if __name__ == "__main__":
-    # MKL's strict mode, read at its first call: products sum in one order on any thread count (importing sets nothing)
-    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # MKL's strict mode: one summing order on any thread count
     # A failed write (a full disk) is reported in one line by the loop: TensorBoard's writer thread need not print it too.
     threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
     try:
