@@ -1,13 +1,11 @@
 """V-MPO for continuous control with a Gaussian policy that the env clips (or a Beta on the action box), in one file.
 
-V-MPO (Song et al., 2019, "V-MPO: On-Policy Maximum a Posteriori Policy Optimization for Discrete and Continuous
-Control", https://arxiv.org/abs/1909.12238) is an on-policy EM-style algorithm. Per rollout, the E-step weights the top
+V-MPO (Song et al., 2019, arXiv:1909.12238) is an on-policy EM-style algorithm. Per rollout, the E-step weights the top
 fraction rho of the normalized advantages by psi ~ exp(A / eta), the temperature eta taking one step on its dual (KL
 bound epsilon_eta); the M-step fits the policy to the weighted samples under decoupled KL trust regions on its mean and
 spread (bounds epsilon_mu, epsilon_sigma), and the value to its targets, in m_steps minibatch steps. The policy is PPO's
-Gaussian whose samples the env clips, fitted to the action the env played (`--policy auto` on the control suite), or a
-Beta on the action box (Chou et al., 2017, https://proceedings.mlr.press/v70/chou17a.html; `auto` elsewhere).
-This file's departures from the paper are the third group of `Args`, each with the value that gives the paper's.
+Gaussian, fitted to the action the env played (`--policy auto` on the control suite), or a Beta on the action box (Chou
+et al., 2017; `auto` elsewhere). The file's departures from the paper are the third group of `Args`, with the paper's values.
 
     python vmpo_continuous.py --env-id dm_control/walker/walk --cuda
     python vmpo_continuous.py --resume runs/<run>/vmpo_continuous_last.pt --total-timesteps 2000000
@@ -137,16 +135,14 @@ class Args:
     norm_adv: bool = True
     """normalize advantages over the batch's trained samples (not reset steps), as the seed does (off: the paper's)"""
     policy: Literal["auto", "gaussian", "beta"] = "auto"
-    """the policy family (paper: a Gaussian). auto: gaussian on dm_control/... tasks or an unbounded box, else beta;
-    gaussian: the env clips its samples; beta: a Beta on the action box"""
+    """gaussian (paper's, clipped) or beta; auto: gaussian on dm_control/... tasks or an unbounded box, else beta"""
     m_step: Literal["seed", "clip"] = "clip"
     """M-step loss: clip (the top k pulled to ratio 1 + eps, the bottom k pushed to 1 - eps) or seed (the paper's); both
     bound the KLs over the top-k states (paper: all), alpha stepped first, the policy with its new value (paper: jointly)"""
     m_step_clip: float = 0.2
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
     rpo_alpha: float | None = None
-    """RPO's shift of the M-step likelihood's policy (the Gaussian's mean, the Beta's logits) by U(-alpha, alpha), fresh
-    per M-step; None: the family's, gaussian 0.5, beta 0.2 (0: none, the paper's)"""
+    """RPO's U(-alpha, alpha) shift of the M-step likelihood's mean (Beta: logits); None: gaussian 0.5, beta 0.2 (0: paper)"""
     gae_lambda: float = 0.95
     """lambda of the GAE targets (1: the paper's n-step returns over the rollout; 0: one-step TD)"""
     anneal_lr: bool = True
@@ -458,8 +454,7 @@ def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.T
             field[step] = torch.as_tensor(data, dtype=torch.float32)
         for i in np.flatnonzero(infos.get("_episode", [])):
             episodes.append(((step + 1) * num_envs, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
-    # V(s_t) of the whole rollout in one pass: the same values (to float rounding) without a call's overhead per step.
-    buf.values[:] = agent.value(buf.obs)
+    buf.values[:] = agent.value(buf.obs)  # V(s_t) of the whole rollout in one pass, not a call per step
     return next_obs, episodes
 
 
@@ -607,8 +602,7 @@ def minibatches(fields: dict[str, torch.Tensor], num_minibatches: int, m_steps: 
     packed, widths = torch.cat(columns, 1), [column.shape[1] for column in columns]
     for step in range(m_steps):
         if step % num_minibatches == 0:  # a fresh shuffle for each pass over the batch
-            # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
-            order = torch.randperm(n) if num_minibatches > 1 else torch.arange(n)
+            order = torch.randperm(n) if num_minibatches > 1 else torch.arange(n)  # the CPU generator: one order anywhere
             shuffled = packed[order.to(packed.device)].split(n // num_minibatches)
         columns = zip(fields.items(), shuffled[step % num_minibatches].split(widths, dim=1), strict=True)
         yield {key: column.reshape(-1, *field.shape[1:]) for (key, field), column in columns}
@@ -618,7 +612,6 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     """One V-MPO iteration on a flat batch: E-step (one temperature step), then m_steps M-steps."""
     restarting = 1.0 - batch["resets"]  # the paper's restarting weights: 0 on reset steps, whose actions the env ignored
     advantages = normalize_advantages(batch["advantages"], restarting) if args.norm_adv else batch["advantages"]
-
     # ---- E-step: weights with the current temperature, then one dual step on it.
     estep = e_step(advantages, restarting, duals.temperature(), args.topk_fraction, args.epsilon_eta)
     optimizers["temperature"].zero_grad()
@@ -633,7 +626,6 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     fields["old_log_prob"] = family.log_prob(batch["params"], batch["u"])
     fields["psi"], fields["psi_minus"] = args.num_minibatches * estep["weights"], args.num_minibatches * push_weights
     fields["selected"], fields["restarting"] = estep["selected_weights"], restarting
-
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
     for mb in minibatches(fields, args.num_minibatches, args.m_steps):
         params, values = agent(mb["obs"])
@@ -656,7 +648,6 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         # LaTeX: g \leftarrow g \cdot \min\left(1, \frac{c_{\max}}{\lVert g \rVert_2}\right)
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizers["model"].step()
-
     # ---- Diagnostics: the last M-step's (its minibatch); the KLs that the multipliers and the temperature's dual bound.
     with torch.no_grad():
         stats = {"losses/policy_loss": policy_loss, "losses/value_loss": losses["value"], "losses/alpha_loss": alpha_loss}
@@ -880,7 +871,6 @@ def train(args: Args) -> dict:
 
 
 def learning_rate_scale(iteration: int, num_iterations: int, batch_size: int, horizon: int) -> float:
-    """The factor on the learning rates at iteration k: H / (H + steps trained), the same at any budget; H = 0: linear."""
     if horizon == 0:
         # LaTeX: \lambda_k = \lambda_0 \left(1 - \frac{k - 1}{K}\right)
         return 1.0 - (iteration - 1.0) / num_iterations
@@ -941,7 +931,6 @@ def resolve_env_id(env_id: str) -> str:
     return name
 
 
-# Headless MuJoCo rendering: each MUJOCO_GL backend and a shared library it loads, in order of preference.
 GL_BACKENDS = (("egl", "libEGL.so.1"), ("osmesa", "libOSMesa.so.8"), ("osmesa", "libOSMesa.so.6"), ("osmesa", "libOSMesa.so"))
 GL_PACKAGES = "Mesa's EGL (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0) or OSMesa (apt-get install libosmesa6)"
 
@@ -995,8 +984,7 @@ def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = F
     return envs
 
 
-# EnvPool ports that measurably differ from the official task (benchmarks/README.md, "EnvPool's ports"); "auto" avoids them.
-ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")
+ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")  # ports unlike the official task: not in auto
 
 
 def envpool_task_id(gym_id: str) -> str | None:
