@@ -756,8 +756,7 @@ def set_up(args: Args) -> Run:
 
 
 class DeferredCtrlC:
-    """Ctrl-C, raised at the loop's next `check`, not inside TensorBoard's writer, whose lock it can leave held (closing the
-    run then hangs); a second press raises at once. Off the main thread, or where SIGINT is ignored (nohup), no change."""
+    """Ctrl-C raised at the loop's next `check`, not in TensorBoard's writer (its lock left held hangs close); twice: now."""
 
     def __init__(self):
         self.pressed, self.previous = False, signal.getsignal(signal.SIGINT)
