@@ -1,13 +1,11 @@
 """V-MPO for continuous control with a Gaussian policy that the env clips (or a Beta on the action box), in one file.
 
-V-MPO (Song et al., 2019, "V-MPO: On-Policy Maximum a Posteriori Policy Optimization for Discrete and Continuous
-Control", https://arxiv.org/abs/1909.12238) is an on-policy EM-style algorithm. Per rollout, the E-step weights the top
+V-MPO (Song et al., 2019, arXiv:1909.12238) is an on-policy EM-style algorithm. Per rollout, the E-step weights the top
 fraction rho of the normalized advantages by psi ~ exp(A / eta), the temperature eta taking one step on its dual (KL
 bound epsilon_eta); the M-step fits the policy to the weighted samples under decoupled KL trust regions on its mean and
 spread (bounds epsilon_mu, epsilon_sigma), and the value to its targets, in m_steps minibatch steps. The policy is PPO's
-Gaussian whose samples the env clips, fitted to the action the env played (`--policy auto` on the control suite), or a
-Beta on the action box (Chou et al., 2017, https://proceedings.mlr.press/v70/chou17a.html; `auto` elsewhere).
-This file's departures from the paper are the third group of `Args`, each with the value that gives the paper's.
+Gaussian, fitted to the action the env played (`--policy auto` on the control suite), or a Beta on the action box (Chou
+et al., 2017; `auto` elsewhere). The file's departures from the paper are the third group of `Args`, with the paper's values.
 
     python vmpo_continuous.py --env-id dm_control/walker/walk --cuda
     python vmpo_continuous.py --resume runs/<run>/vmpo_continuous_last.pt --total-timesteps 2000000
@@ -137,23 +135,20 @@ class Args:
     norm_adv: bool = True
     """normalize advantages over the batch's trained samples (not reset steps), as the seed does (off: the paper's)"""
     policy: Literal["auto", "gaussian", "beta"] = "auto"
-    """the policy family (paper: a Gaussian). auto: gaussian on dm_control/... tasks or an unbounded box, else beta;
-    gaussian: the env clips its samples; beta: a Beta on the action box"""
+    """gaussian (paper's, clipped) or beta; auto: gaussian on dm_control/... tasks or an unbounded box, else beta"""
     m_step: Literal["seed", "clip"] = "clip"
     """M-step loss: clip (the top k pulled to ratio 1 + eps, the bottom k pushed to 1 - eps) or seed (the paper's); both
     bound the KLs over the top-k states (paper: all), alpha stepped first, the policy with its new value (paper: jointly)"""
     m_step_clip: float = 0.2
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
     rpo_alpha: float | None = None
-    """RPO's shift of the M-step likelihood's policy (the Gaussian's mean, the Beta's logits) by U(-alpha, alpha), fresh
-    per M-step; None: the family's, gaussian 0.5, beta 0.2 (0: none, the paper's)"""
+    """RPO's U(-alpha, alpha) shift of the M-step likelihood's mean (Beta: logits); None: gaussian 0.5, beta 0.2 (0: paper)"""
     gae_lambda: float = 0.95
     """lambda of the GAE targets (1: the paper's n-step returns over the rollout; 0: one-step TD)"""
     anneal_lr: bool = True
     """anneal the policy and value learning rates (how: --lr-horizon; off: constant, the paper's)"""
     lr_horizon: int = 500_000
-    """H > 0: as H / (H + step), the same at every budget, so a longer run never takes larger steps; 0: linearly to 0
-    over --total-timesteps"""
+    """H > 0: as H / (H + step), alike at any budget (a longer run never steps larger); 0: linearly to 0 over the total"""
     ppo_like_backbone: bool = True
     """orthogonal Linear+Tanh, a state-independent log-std; off: the paper's LayerNorm/ELU, a state-dependent log-std head"""
     norm_obs: bool = True
@@ -459,8 +454,7 @@ def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.T
             field[step] = torch.as_tensor(data, dtype=torch.float32)
         for i in np.flatnonzero(infos.get("_episode", [])):
             episodes.append(((step + 1) * num_envs, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
-    # V(s_t) of the whole rollout in one pass: the same values (to float rounding) without a call's overhead per step.
-    buf.values[:] = agent.value(buf.obs)
+    buf.values[:] = agent.value(buf.obs)  # V(s_t) of the whole rollout in one pass, not a call per step
     return next_obs, episodes
 
 
@@ -608,8 +602,7 @@ def minibatches(fields: dict[str, torch.Tensor], num_minibatches: int, m_steps: 
     packed, widths = torch.cat(columns, 1), [column.shape[1] for column in columns]
     for step in range(m_steps):
         if step % num_minibatches == 0:  # a fresh shuffle for each pass over the batch
-            # The CPU generator on any device: the same minibatch order on a GPU, and a checkpoint restores it anywhere.
-            order = torch.randperm(n) if num_minibatches > 1 else torch.arange(n)
+            order = torch.randperm(n) if num_minibatches > 1 else torch.arange(n)  # the CPU generator: one order anywhere
             shuffled = packed[order.to(packed.device)].split(n // num_minibatches)
         columns = zip(fields.items(), shuffled[step % num_minibatches].split(widths, dim=1), strict=True)
         yield {key: column.reshape(-1, *field.shape[1:]) for (key, field), column in columns}
@@ -619,7 +612,6 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     """One V-MPO iteration on a flat batch: E-step (one temperature step), then m_steps M-steps."""
     restarting = 1.0 - batch["resets"]  # the paper's restarting weights: 0 on reset steps, whose actions the env ignored
     advantages = normalize_advantages(batch["advantages"], restarting) if args.norm_adv else batch["advantages"]
-
     # ---- E-step: weights with the current temperature, then one dual step on it.
     estep = e_step(advantages, restarting, duals.temperature(), args.topk_fraction, args.epsilon_eta)
     optimizers["temperature"].zero_grad()
@@ -634,7 +626,6 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     fields["old_log_prob"] = family.log_prob(batch["params"], batch["u"])
     fields["psi"], fields["psi_minus"] = args.num_minibatches * estep["weights"], args.num_minibatches * push_weights
     fields["selected"], fields["restarting"] = estep["selected_weights"], restarting
-
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
     for mb in minibatches(fields, args.num_minibatches, args.m_steps):
         params, values = agent(mb["obs"])
@@ -657,7 +648,6 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
         # LaTeX: g \leftarrow g \cdot \min\left(1, \frac{c_{\max}}{\lVert g \rVert_2}\right)
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizers["model"].step()
-
     # ---- Diagnostics: the last M-step's (its minibatch); the KLs that the multipliers and the temperature's dual bound.
     with torch.no_grad():
         stats = {"losses/policy_loss": policy_loss, "losses/value_loss": losses["value"], "losses/alpha_loss": alpha_loss}
@@ -766,8 +756,7 @@ def set_up(args: Args) -> Run:
 
 
 class DeferredCtrlC:
-    """Ctrl-C, raised at the loop's next `check`, not inside TensorBoard's writer, whose lock it can leave held (closing the
-    run then hangs); a second press raises at once. Off the main thread, or where SIGINT is ignored (nohup), no change."""
+    """Ctrl-C raised at the loop's next `check`, not in TensorBoard's writer (its lock left held hangs close); twice: now."""
 
     def __init__(self):
         self.pressed, self.previous = False, signal.getsignal(signal.SIGINT)
@@ -794,14 +783,13 @@ def train(args: Args) -> dict:
         print(f"eval of {args.checkpoint}: return {mean:.2f} ± {std:.2f} over {len(eval_returns)} episodes")
         summary = dict(run_dir=run.run_dir, global_step=run.global_step, train_sps=0.0, wall_time=time.time() - start_time)
         return summary | dict(final_eval_return=mean, final_eval_std=std, best_eval_return=mean, eval_returns=eval_returns)
-    args, agent, optimizers, writer = run.args, run.agent, run.optimizers, run.writer
+    args, agent, optimizers, writer, family = run.args, run.agent, run.optimizers, run.writer, run.agent.policy_head
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     threads = torch.get_num_threads()  # the update's, as set_up leaves them
     # The rollout acts on the CPU, too small a pass to pay for a GPU's launches; on a GPU, a CPU copy synced after updates.
-    cpu = torch.device("cpu")
-    acting_agent = agent if run.device == cpu else copy.deepcopy(agent).to(cpu)
-    rollout = Rollout.empty(args.num_steps, run.envs, cpu)
+    acting_agent = agent if run.device.type == "cpu" else copy.deepcopy(agent).cpu()
+    rollout = Rollout.empty(args.num_steps, run.envs, torch.device("cpu"))
     raw_obs, _ = run.envs.reset(seed=args.seed + run.global_step)  # a resumed run starts fresh episodes
     run.obs_rms.update(raw_obs)
     next_obs = torch.as_tensor(run.obs_rms.normalize(raw_obs))
@@ -813,8 +801,7 @@ def train(args: Args) -> dict:
         print(f"training to step {end_step}: {rounded}")
     recent_returns = deque(maxlen=20)
     train_time, trained_steps = 0.0, 0
-    # _last always holds the last completed update, so Ctrl-C at any point loses only unfinished work.
-    save_checkpoint(run, "last")
+    save_checkpoint(run, "last")  # _last always holds the last completed update: Ctrl-C loses only unfinished work
     ctrl_c = DeferredCtrlC()
     try:
         for iteration in range(run.iteration + 1, num_iterations + 1):
@@ -852,13 +839,10 @@ def train(args: Args) -> dict:
             train_time, trained_steps = train_time + time.time() - tick, trained_steps + batch_size
             # ---- log
             sps = trained_steps / train_time
-            writer.add_scalar("charts/learning_rate", optimizers["model"].param_groups[0]["lr"], run.global_step)
-            writer.add_scalar("charts/SPS", sps, run.global_step)
+            stats |= {"charts/learning_rate": optimizers["model"].param_groups[0]["lr"], "charts/SPS": sps}
             trained = batch["resets"] == 0  # the value's fit over the trained samples, with the values that acted
             stats["losses/explained_variance"] = explained_variance(batch["values"][trained], batch["returns"][trained])
-            # The share of the played action components within 1% of the box's width from a bound: near 1, bang-bang.
-            head = agent.policy_head
-            stats["charts/actions_at_bounds"] = head.at_bounds(head.env_action(batch["u"][trained])).float().mean()
+            stats["charts/actions_at_bounds"] = family.at_bounds(family.env_action(batch["u"][trained])).float().mean()
             for key, value in stats.items():
                 writer.add_scalar(key, value, run.global_step)
             # ---- evaluate and save: every eval_interval steps, and at the end
@@ -886,7 +870,6 @@ def train(args: Args) -> dict:
 
 
 def learning_rate_scale(iteration: int, num_iterations: int, batch_size: int, horizon: int) -> float:
-    """The factor on the learning rates at iteration k: H / (H + steps trained), the same at any budget; H = 0: linear."""
     if horizon == 0:
         # LaTeX: \lambda_k = \lambda_0 \left(1 - \frac{k - 1}{K}\right)
         return 1.0 - (iteration - 1.0) / num_iterations
@@ -947,7 +930,6 @@ def resolve_env_id(env_id: str) -> str:
     return name
 
 
-# Headless MuJoCo rendering: each MUJOCO_GL backend and a shared library it loads, in order of preference.
 GL_BACKENDS = (("egl", "libEGL.so.1"), ("osmesa", "libOSMesa.so.8"), ("osmesa", "libOSMesa.so.6"), ("osmesa", "libOSMesa.so"))
 GL_PACKAGES = "Mesa's EGL (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0) or OSMesa (apt-get install libosmesa6)"
 
@@ -973,8 +955,7 @@ def check_video(env_id: str, gl_backend: str | None) -> None:
     if gl_backend is None and (gym_id.startswith("dm_control/") or "mujoco" in str(gym.spec(gym_id).entry_point)):
         raise ConfigError(f"--capture-video: no OpenGL library loads for rendering {env_id}; install {GL_PACKAGES}")
     try:
-        with warnings.catch_warnings():  # gymnasium warns about unsupported render modes: the check below says it
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):  # gymnasium warns of unsupported render modes: the check below says it
             with gym.make(gym_id, render_mode="rgb_array") as env:
                 env.reset(seed=0)
                 frame = env.render()
@@ -1002,15 +983,13 @@ def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = F
     return envs
 
 
-# EnvPool ports that measurably differ from the official task (benchmarks/README.md, "EnvPool's ports"); "auto" avoids them.
-ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")
+ENVPOOL_DIFFERS = ("FingerSpin-v1", "FingerTurnEasy-v1", "FingerTurnHard-v1")  # ports unlike the official task: not in auto
 
 
 def envpool_task_id(gym_id: str) -> str | None:
     """EnvPool's id (dm_control/walker-walk-v0 -> WalkerWalk-v1, Hopper-v5 -> Hopper-v5), or None where it has no port."""
     try:
-        with warnings.catch_warnings():  # its glfw import warns on a machine without a display; nothing here renders
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):  # its glfw import warns without a display; nothing here renders
             import envpool
     except ImportError:
         return None
@@ -1195,10 +1174,9 @@ def save_checkpoint(run: Run, kind: str) -> None:
         with open(f"{path}.tmp", "wb") as f:
             f.write(buffer.getbuffer())
         os.replace(f"{path}.tmp", path)
-    except OSError:
+    finally:  # a failed write leaves no .tmp behind (a renamed one is gone already)
         with contextlib.suppress(OSError):
             os.remove(f"{path}.tmp")
-        raise
 
 
 def last_checkpoint(run: Run) -> str:
@@ -1261,12 +1239,7 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
         require(getattr(args, name) > 0, name, "> 0")
     require(args.rpo_alpha is None or args.rpo_alpha >= 0, "rpo_alpha", ">= 0 (0: no shift; unset: the family's)")
     require(args.lr_horizon >= 0, "lr_horizon", ">= 0 (0: anneal over --total-timesteps)")
-    for name in (
-        "num_envs",
-        "num_steps",
-        "m_steps",
-        "num_minibatches",
-    ):
+    for name in ("num_envs", "num_steps", "m_steps", "num_minibatches"):
         require(getattr(args, name) >= 1, name, ">= 1")
     require(1 <= args.eval_episodes <= 1000, "eval_episodes", "in [1, 1000] (one env each)")
     require(0 <= args.seed < 2**32, "seed", "in [0, 2**32) (numpy's seeds)")
@@ -1301,8 +1274,7 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
 
 
 if __name__ == "__main__":
-    # MKL's strict mode, read at its first call: products sum in one order on any thread count (importing sets nothing)
-    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # MKL's strict mode: one summing order on any thread count
     # A failed write (a full disk) is reported in one line by the loop: TensorBoard's writer thread need not print it too.
     threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
     try:
