@@ -18,7 +18,7 @@ train: $(VENV)/.installed
 	$(PY) $(TRAIN_SCRIPT)
 
 # The video tests render MuJoCo headless; training itself needs no GL library.
-GL_CHECK := import vmpo_continuous as s, sys; sys.exit(not any(s.library_loads(libs) for _, libs in s.GL_BACKENDS))
+GL_CHECK := import vmpo_continuous as s, sys; sys.exit(s.choose_gl_backend(capture_video=True) is None)
 
 test: $(VENV)/.installed
 	@$(PY) -c "$(GL_CHECK)" || { echo "make test: the video tests need Mesa's EGL or OSMesa; install one (Debian/Ubuntu: apt-get install libegl1 libegl-mesa0, or libosmesa6)"; exit 1; }
