@@ -737,7 +737,8 @@ def test_report_on_runner_results(grid, tmp_path):
     proc = bench("report.py", out, "--out", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     finals = [float(r["eval_return"]) for r in read_csv(out) if r["step"] == str(BUDGET)]
-    row = table_rows((tmp_path / "results.md").read_text())[("CartPole-v1", "ppo_discrete", TAG)]
+    results_table = (tmp_path / "results.md").read_text().split("Final evaluations")[0]  # not the re-evaluations
+    row = table_rows(results_table)[("CartPole-v1", "ppo_discrete", TAG)]
     assert row[5] == f"{statistics.fmean(finals):.1f} ± {statistics.pstdev(finals):.1f}"
     trains = [float(r["train_return"]) for r in read_csv(out) if r["step"] == str(BUDGET)]
     assert row[9] == f"{statistics.fmean(trains):.1f}"
