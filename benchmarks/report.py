@@ -72,6 +72,11 @@ def group_runs(rows: list[dict]) -> dict[tuple, dict[int, list[dict]]]:
     return {k: {s: sorted(v[s], key=lambda r: r["step"]) for s in sorted(v)} for k, v in sorted(groups.items())}
 
 
+def group_tag(tag: str, seeds: tuple[int, ...]) -> str:
+    """The tag `group_runs` files runs of `tag` on `seeds` under: "<tag> (fresh seeds)" on fresh seeds."""
+    return tag + FRESH if min(seeds) >= common.FRESH_SEEDS_FROM else tag
+
+
 def fmt_duration(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
@@ -457,13 +462,11 @@ def table_parts(groups: dict) -> dict[str, list[tuple[str, list[list[tuple[str, 
 
 
 def readme_parts(groups: dict) -> list[tuple[str, list[list[tuple[str, int, dict]]]]]:
-    """[(cell label, [part])] for the README's table: a script's runs on the seeds of a `README_ROWS` row."""
+    """[(cell label, [part])] for the README's table: a script's runs on the seeds of its `README_ROWS` cell."""
     cells = []
-    for env, budget, seeds, scripts in README_ROWS:
-        fresh = min(seeds) >= common.FRESH_SEEDS_FROM
-        for algo in scripts:
-            tag = README_TAGS[algo] + (FRESH if fresh else "")
-            runs = groups.get((env, algo, tag, budget), {})
+    for env, budget, columns in README_ROWS:
+        for algo, (tag, seeds) in columns.items():
+            runs = groups.get((env, algo, group_tag(tag, seeds), budget), {})
             part = [("", s, runs[s][-1]) for s in seeds if s in runs]
             cells.append((f"README table, {algo} [{tag}] {env} {fmt_budget(budget)}", [part]))
     return cells
@@ -516,17 +519,30 @@ def sources_note(rows: list[tuple[str, list]], mixed: list[str]) -> str:
 # chose the defaults (the 3M rows of finger/spin and hopper/stand) and ppo_discrete.py's seeds 1-3 show the mean alone,
 # so the two kinds read apart. ppo_discrete.py's runs carry run.py's default tag.
 README_SCRIPTS = ("ppo_continuous", "vmpo_continuous")
-README_TAGS = {"ppo_continuous": "defaults", "vmpo_continuous": "defaults", "ppo_discrete": common.DEFAULT_TAG}
 FRESH_5 = (11, 12, 13, 14, 15)
 FRESH_2 = (11, 12)
 CHOOSING_2 = (1, 2)  # the seeds that chose the defaults
+FLAGSHIP_SEEDS = tuple(range(101, 119))  # the flagship's 18 fresh seeds, on today's code
+
+
+def both(seeds: tuple[int, ...], tag: str = "defaults") -> dict[str, tuple[str, tuple[int, ...]]]:
+    """A row's cells: each continuous script's runs of `tag` on `seeds`."""
+    return {algo: (tag, seeds) for algo in README_SCRIPTS}
+
+
+# (task, budget, {script: (tag, seeds)}): the scripts in the table's first columns. ppo_discrete.py's runs carry
+# run.py's default tag, in the first column; vmpo_continuous.py's walker/walk 1M cell is today's code on 18 seeds.
+FLAGSHIP_CELL = {"vmpo_continuous": ("defaults-e56b79a", FLAGSHIP_SEEDS)}
 README_ROWS = [
-    *((env, common.parse_steps(budget), FRESH_5, README_SCRIPTS) for env, budget in common.SUITES["control"].items()),
-    ("dm_control/walker/walk", 3_000_000, FRESH_2, README_SCRIPTS),
-    ("dm_control/finger/spin", 3_000_000, CHOOSING_2, README_SCRIPTS),
-    ("dm_control/hopper/stand", 3_000_000, CHOOSING_2, README_SCRIPTS),
-    *((env, budget, FRESH_2, README_SCRIPTS) for env, budget in common.MUJOCO_BARS),
-    ("CartPole-v1", 100_000, (1, 2, 3), ("ppo_discrete",)),  # in the first column, its script named in the task's cell
+    *(
+        (env, common.parse_steps(budget), both(FRESH_5) | (FLAGSHIP_CELL if env == common.FLAGSHIP_ENV else {}))
+        for env, budget in common.SUITES["control"].items()
+    ),
+    ("dm_control/walker/walk", 3_000_000, both(FRESH_2)),
+    ("dm_control/finger/spin", 3_000_000, both(CHOOSING_2)),
+    ("dm_control/hopper/stand", 3_000_000, both(CHOOSING_2)),
+    *((env, budget, both(FRESH_2)) for env, budget in common.MUJOCO_BARS),
+    ("CartPole-v1", 100_000, {"ppo_discrete": (common.DEFAULT_TAG, (1, 2, 3))}),
 ]
 README_HEADER = "| task | budget | `ppo_continuous.py` | `vmpo_continuous.py` | widely used PPO | RPO |\n" + "|---" * 6 + "|"
 
@@ -547,23 +563,23 @@ def readme_table(groups: dict) -> str:
     the MuJoCo bars (`common.MUJOCO_BARS`). Bold: the highest mean of the row. Two decimals in a row whose figures are
     all under 10 in size, else one; a reference figure measured in whole numbers stays whole."""
     lines = [README_HEADER]
-    for env, budget, seeds, scripts in README_ROWS:
-        fresh = min(seeds) >= common.FRESH_SEEDS_FROM
-        ours = []  # per script column: the final evaluations of the row's seeds that ran (None when none did)
-        for algo in scripts:
-            runs = groups.get((env, algo, README_TAGS[algo] + (FRESH if fresh else ""), budget), {})
+    for env, budget, columns in README_ROWS:
+        ours = []  # per script column: (the final evaluations of its seeds that ran, fresh seeds?), None where none did
+        for algo, (tag, seeds) in columns.items():
+            runs = groups.get((env, algo, group_tag(tag, seeds), budget), {})
             finals = [runs[s][-1]["eval_return"] for s in seeds if s in runs]
-            ours.append(np.array(finals) if finals else None)
-        ours += [None] * (len(README_SCRIPTS) - len(scripts))
+            ours.append((np.array(finals), min(seeds) >= common.FRESH_SEEDS_FROM) if finals else None)
+        ours += [None] * (len(README_SCRIPTS) - len(columns))
         refs = {name: measured.get((env, budget)) for name, measured in common.REFERENCE_FINALS.items()}
         bar = common.MUJOCO_BARS.get((env, budget))
-        figures = [x.mean() for x in ours if x is not None]
+        figures = [x.mean() for x, _ in filter(None, ours)]
         figures += [common.reference_mean(f) for f in refs.values() if f] + ([bar] if bar is not None else [])
         best = max(figures, default=None)
         decimals = 2 if all(abs(f) < 10 for f in figures) else 1
+        scripts = tuple(columns)
         cells = [env if scripts == README_SCRIPTS else f"{env} ({', '.join(f'`{a}.py`' for a in scripts)})"]
         cells.append(fmt_budget(budget))
-        for x in ours:
+        for x, fresh in (cell or (None, False) for cell in ours):
             spread = f" ± {x.std():,.{decimals}f}" if x is not None and fresh else ""
             cells.append("" if x is None else f"{fmt_figure(x.mean(), decimals, best)}{spread} ({x.size})")
         for name, finals in refs.items():

@@ -904,10 +904,10 @@ def test_the_readmes_results_table_is_report_pys(common):
             finals[key] = max(finals.get(key, (-1, 0.0)), (int(r["step"]), float(r["eval_return"])))
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()[2:]]
     assert len(rows) == len(report.README_ROWS)
-    for cells, (env, budget, seeds, scripts) in zip(rows, report.README_ROWS, strict=True):
+    for cells, (env, budget, columns) in zip(rows, report.README_ROWS, strict=True):
         assert cells[0].startswith(env) and cells[1] == report.fmt_budget(budget)
-        for cell, algo in zip(cells[2:4], scripts, strict=False):
-            values = [finals[(algo, report.README_TAGS[algo], env, budget, s)][1] for s in seeds]
+        for cell, (algo, (tag, seeds)) in zip(cells[2:4], columns.items(), strict=False):
+            values = [finals[(algo, tag, env, budget, s)][1] for s in seeds]
             decimals = len(re.match(r"\**-?[\d,]+\.(\d+)", cell).group(1))  # the row's precision
             mean = f"{statistics.fmean(values):,.{decimals}f}"
             spread = f" ± {statistics.pstdev(values):,.{decimals}f}" if seeds[0] >= common.FRESH_SEEDS_FROM else ""
@@ -933,9 +933,9 @@ def test_the_reproduce_block_selects_the_runs_the_readme_table_reads(common):
         assert runs and not planned & set(runs), command  # every command plans runs, and no run twice
         planned |= set(runs)
     expected = {
-        (algo, report.README_TAGS[algo], env, str(seed), str(budget))
-        for env, budget, seeds, scripts in report.README_ROWS
-        for algo in scripts
+        (algo, tag, env, str(seed), str(budget))
+        for env, budget, columns in report.README_ROWS
+        for algo, (tag, seeds) in columns.items()
         for seed in seeds
     }
     assert planned == expected
