@@ -522,7 +522,7 @@ README_SCRIPTS = ("ppo_continuous", "vmpo_continuous")
 FRESH_5 = (11, 12, 13, 14, 15)
 FRESH_2 = (11, 12)
 CHOOSING_2 = (1, 2)  # the seeds that chose the defaults
-FLAGSHIP_SEEDS = tuple(range(101, 119))  # the flagship's 18 fresh seeds, on today's code
+FLAGSHIP_SEEDS = tuple(range(101, 121))  # the flagship's 20 fresh seeds, on today's code
 
 
 def both(seeds: tuple[int, ...], tag: str = "defaults") -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -531,7 +531,7 @@ def both(seeds: tuple[int, ...], tag: str = "defaults") -> dict[str, tuple[str, 
 
 
 # (task, budget, {script: (tag, seeds)}): the scripts in the table's first columns. ppo_discrete.py's runs carry
-# run.py's default tag, in the first column; vmpo_continuous.py's walker/walk 1M cell is today's code on 18 seeds.
+# run.py's default tag, in the first column; vmpo_continuous.py's walker/walk 1M cell is today's code on 20 seeds.
 FLAGSHIP_CELL = {"vmpo_continuous": ("defaults-e56b79a", FLAGSHIP_SEEDS)}
 README_ROWS = [
     *(
