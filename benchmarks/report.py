@@ -26,6 +26,12 @@ Then `table30`, the decision rule for a default: table22's 22 scores and the 8 M
 the same seeds, their IQM with its interval, the 22-task IQM on those seeds, the lowest MuJoCo task's mean score, and
 whether the config qualifies (`RULE_CONTROL_IQM`, `RULE_MUJOCO_FLOOR`).
 
+Then the paired comparisons (`paired_table`), on table22, the 8 MuJoCo tasks and table30: each config against its
+script's `BASE_TAG` (today's defaults), and each script's defaults against an anchor (CleanRL's script, algo
+`cleanrl_*`), on the seeds both ran of every task; the difference of the IQM and of the mean score with 95% intervals
+from a bootstrap that resamples each task's seeds alike for both arms, the tasks each leads on every seed, and on
+table30 the guard a candidate passes to become a default (`GUARD_IQM_FLOOR`, `GUARD_MUJOCO_SCORE`).
+
 Last, `<out>/flagship.png` when some script has `defaults` rows on the flagship task (`common.FLAGSHIP_ENV`): those
 configs' curves alone, one line per script and budget (on its fresh seeds where it has them), with RPO's measured final
 evaluations (`common.RPO_FLAGSHIP`) as points, for the README. `results.md` links every PNG it writes.
@@ -280,6 +286,93 @@ def table30(groups: dict, reps: int = 2000, note: str = "") -> str:
         lines.append(" | ".join(cells))
     return "\n".join(lines + ([note] if note else [])) + "\n"
 
+
+# --- Paired comparisons -------------------------------------------------------------------------------------------------
+# A candidate against today's defaults, and each script's defaults against its anchor (CleanRL's script, algo
+# `cleanrl_*`), on the seeds both ran of every task: the difference of the IQM and of the mean score, with a 95% interval
+# from a bootstrap that resamples each task's seeds, the same seeds for both arms (a pair stays a pair). The guard a
+# candidate must pass to become a default (study 2026-12-01-walker-twenty-seeds, fixed before its runs): the interval of
+# its paired 30-task IQM difference ends above GUARD_IQM_FLOOR, and no MuJoCo task's mean score over its seeds is under
+# GUARD_MUJOCO_SCORE.
+BASE_TAG = "defaults-e56b79a"  # today's defaults
+GUARD_IQM_FLOOR, GUARD_MUJOCO_SCORE = -0.1, 0.8
+PAIRED_HEADER = (
+    f"Paired comparisons: each config against its script's `{BASE_TAG}` (today's defaults), and each script's defaults"
+    " against an anchor (`cleanrl_*`), by task and seed on the seeds both ran (the first n in common on every task); 95%"
+    " intervals resample each task's seeds for both arms alike (2000 times). Guard (table30): the IQM difference's"
+    f" interval ends above {GUARD_IQM_FLOOR} and every MuJoCo task's mean score is {GUARD_MUJOCO_SCORE} or more\n\n"
+    "| suite | config | against | seeds per task | IQM (config / against) | IQM difference [95% CI] |"
+    " mean difference [95% CI] | tasks led on every seed (config / against) | guard |\n"
+    "|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def paired_scores(groups: dict, suite: list, bars: dict, a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+    """(seeds, tasks) scores of configs `a` and `b` ((algo, tag)) on the first n seeds both ran of every task of
+    `suite`, n the fewest they share on any task; None where they share none on some task."""
+    runs = [(groups.get((env, *a, budget)), groups.get((env, *b, budget))) for env, budget in suite]
+    if any(x is None or y is None for x, y in runs):
+        return None
+    common_seeds = [sorted(set(x) & set(y)) for x, y in runs]
+    n = min(len(seeds) for seeds in common_seeds)
+    if n == 0:
+        return None
+    pick = {}
+    for name, config in (("a", a), ("b", b)):
+        one = {(env, *config, budget): groups[(env, *config, budget)] for env, budget in suite}
+        chosen = {k: {s: one[k][s] for s in seeds[:n]} for k, seeds in zip(one, common_seeds, strict=True)}
+        pick[name] = normalized_scores(chosen, suite, bars)[f"{config[0]} [{config[1]}]"]
+    return pick["a"], pick["b"]
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, statistic, reps: int) -> tuple[float, float, float]:
+    """statistic(a) - statistic(b) of (seeds, tasks) scores paired by seed and task, and its 95% bootstrap interval
+    (each task's seeds resampled, the same draw for both arms)."""
+    rng = np.random.default_rng(0)
+    seeds, tasks = a.shape
+    draws = rng.integers(0, seeds, size=(reps, seeds, tasks))
+    columns = np.arange(tasks)
+    diffs = [statistic(a[d, columns]) - statistic(b[d, columns]) for d in draws]
+    return statistic(a) - statistic(b), float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))
+
+
+def iqm(x: np.ndarray) -> float:
+    """The interquartile mean of every run's score (rliable's `aggregate_iqm`)."""
+    from scipy.stats import trim_mean
+
+    return float(trim_mean(x.ravel(), 0.25))
+
+
+def paired_table(groups: dict, reps: int = 2000) -> str:
+    """The paired comparisons (Markdown) on table22 and table30; '' when no pair ran a whole suite."""
+    control, mujoco = TABLE30_CONTROL, list(common.MUJOCO_BARS)
+    bars = {(env, budget): common.PUBLISHED_8M[env][1] for env, budget in control} | common.MUJOCO_BARS
+    configs = sorted({(algo, tag) for (_, algo, tag, _) in groups})
+    ours = [c for c in configs if not c[0].startswith("cleanrl_")]
+    pairs = [(c, (c[0], BASE_TAG)) for c in ours if c[1] != BASE_TAG]
+    pairs += [((algo, BASE_TAG), anchor) for anchor in configs if anchor[0].startswith("cleanrl_") for algo in ALGO_ANCHORED]
+    lines = []
+    for suite_name, suite in (("table22", control), ("mujoco", mujoco), ("table30", control + mujoco)):
+        for a, b in pairs:
+            scores = paired_scores(table30_groups(groups), suite, bars, a, b)
+            if scores is None:
+                continue
+            x, y = scores
+            _, lo, hi = iqm_diff = paired_difference(x, y, iqm, reps)
+            mean_diff = paired_difference(x, y, np.mean, reps)
+            led = f"{int((x > y).all(axis=0).sum())} / {int((y > x).all(axis=0).sum())}"
+            guard = "-"
+            if suite_name == "table30":
+                per_task = x[:, len(control) :].mean(axis=0)
+                low = [f"{env} {v:.2f}" for (env, _), v in zip(mujoco, per_task, strict=True) if v < GUARD_MUJOCO_SCORE]
+                guard = "passes" if lo > GUARD_IQM_FLOOR and not low else "fails" + (f" ({', '.join(low)})" if low else "")
+            cells = [suite_name, f"{a[0]} [{a[1]}]", f"{b[0]} [{b[1]}]", str(x.shape[0]), f"{iqm(x):.3f} / {iqm(y):.3f}"]
+            cells += [f"{d:+.3f} [{lo_:+.3f}, {hi_:+.3f}]" for d, lo_, hi_ in (iqm_diff, mean_diff)]
+            lines.append("| " + " | ".join([*cells, led, guard]) + " |")
+    return PAIRED_HEADER + "\n" + "\n".join(lines) + "\n" if lines else ""
+
+
+ALGO_ANCHORED = ("ppo_continuous", "vmpo_continuous")  # the scripts an anchor's runs are compared with
 
 # --- Where each number comes from -------------------------------------------------------------------------------------
 # Every table is checked, before anything is written, for rows of one tag that ran different args or different learning
@@ -740,6 +833,8 @@ def main() -> int:
         md += "\n" + summary
     md += "\n" + table22(groups, out, note=note("table22"))
     md += "\n" + table30(groups, note=note("table30"))
+    paired = paired_table(groups)
+    md += "\n" + paired if paired else ""
     finals = final_table(args.csv)
     md += "\n" + finals if finals else ""
     flagship = flagship_groups(groups)

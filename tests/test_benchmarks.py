@@ -550,6 +550,50 @@ def test_report_applies_the_30_task_rule(tmp_path, common):
     assert [r.strip("| ").split(" | ")[9] for r in rows] == ["yes", "no", "no"]  # the fixture covers each verdict
 
 
+def test_report_pairs_each_config_with_todays_defaults_by_task_and_seed(tmp_path, common):
+    """The paired section: A and B against the base tag on the 30 tasks. A leads by a constant 0.05 on every control score
+    (its mean difference's interval is that constant) and passes the guard; B falls to 0.5 on Hopper-v5 (under 0.8) and
+    fails it, naming the task. The IQM difference is checked against a trimmed mean written out here, and the interval
+    against a bootstrap written out here (each task's seeds resampled alike for both arms)."""
+    from report import BASE_TAG
+
+    lines, scores = [], {}
+    for tag, shift, hopper in ((BASE_TAG, 0.0, None), ("A", 0.05, None), ("B", 0.0, (0.5, 0.5))):
+
+        def mujoco(t, env, hopper=hopper):
+            return hopper if hopper and env == "Hopper-v5" else (0.9 + 0.1 * t, 1.0 + 0.05 * t)
+
+        tag_lines, scores[tag] = table30_runs(tag, 0.9 + shift, mujoco, common)
+        lines += tag_lines
+    (tmp_path / "r.csv").write_text(RESULT_HEADER + "".join(lines))
+    proc = bench("report.py", tmp_path / "r.csv", "--out", tmp_path / "report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    md = (tmp_path / "report" / "results.md").read_text()
+    rows = {tuple(r.strip("| ").split(" | ")[:2]): r.strip("| ").split(" | ") for r in md.splitlines() if "| vmpo" in r}
+    rows = {k: v for k, v in rows.items() if k[0] in ("table22", "mujoco", "table30") and len(v) == 9}
+    assert sorted(rows) == sorted((s, f"vmpo_continuous [{t}]") for s in ("table22", "mujoco", "table30") for t in "AB")
+    base = np.array(scores[BASE_TAG]).T  # (seeds, tasks)
+    rng = np.random.default_rng(0)
+    for (suite, name), cells in rows.items():
+        x = np.array(scores[name[-2]]).T
+        columns = {"table22": slice(0, 22), "mujoco": slice(22, 30), "table30": slice(0, 30)}[suite]
+        x, y = x[:, columns], base[:, columns]
+        assert cells[2] == f"vmpo_continuous [{BASE_TAG}]" and cells[3] == "2"
+        assert cells[4] == f"{trimmed_iqm(x):.3f} / {trimmed_iqm(y):.3f}"
+        point, lo, hi = (float(v) for v in re.findall(r"[-+][\d.]+", cells[5]))
+        assert point == pytest.approx(trimmed_iqm(x) - trimmed_iqm(y), abs=1e-3)
+        picks = rng.integers(0, 2, size=(4000, 2, x.shape[1]))
+        draws = [trimmed_iqm(np.take_along_axis(x, d, 0)) - trimmed_iqm(np.take_along_axis(y, d, 0)) for d in picks]
+        assert lo == pytest.approx(np.percentile(draws, 2.5), abs=0.02) and hi == pytest.approx(
+            np.percentile(draws, 97.5), abs=0.02
+        )
+        if name.endswith("[A]") and suite == "table22":
+            assert cells[6] == "+0.050 [+0.050, +0.050]" and cells[7] == "22 / 0"
+    assert rows[("table30", "vmpo_continuous [A]")][8] == "passes"
+    assert rows[("table30", "vmpo_continuous [B]")][8] == "fails (Hopper-v5 0.50)"
+    assert rows[("table22", "vmpo_continuous [B]")][8] == "-"
+
+
 def test_report_scores_the_gaussian_everywhere_on_the_defaults_control_runs(tmp_path, common):
     """`policy gaussian` ran MuJoCo only: table30 scores it on the defaults' 22 control runs (what `--policy auto`
     trains there) and its own MuJoCo runs; `policy beta`, with MuJoCo runs only and no such source, is left out."""
