@@ -30,7 +30,10 @@ Then the paired comparisons (`paired_table`), on table22, the 8 MuJoCo tasks and
 script's `BASE_TAG` (today's defaults), and each script's defaults against an anchor (CleanRL's script, algo
 `cleanrl_*`), on the seeds both ran of every task; the difference of the IQM and of the mean score with 95% intervals
 from a bootstrap that resamples each task's seeds alike for both arms, the tasks each leads on every seed, and on
-table30 the guard a candidate passes to become a default (`GUARD_IQM_FLOOR`, `GUARD_MUJOCO_SCORE`).
+table30 the guard a candidate passes to become a default (`GUARD_IQM_FLOOR`, `GUARD_MUJOCO_SCORE`). The anchors' rows are
+CleanRL's scripts run outside the project (a results CSV of their own, algo `cleanrl_rpo` on the control suite,
+`cleanrl_ppo` on MuJoCo; in table30 the PPO row scores the RPO runs of its tag on the control suite); then, per task,
+the wall time of each script's defaults over the anchor's at the same budget.
 
 Last, `<out>/flagship.png` when some script has `defaults` rows on the flagship task (`common.FLAGSHIP_ENV`): those
 configs' curves alone, one line per script and budget (on its fresh seeds where it has them), with RPO's measured final
@@ -252,13 +255,25 @@ CONTROL_RUNS_OF = {"policy gaussian": "defaults"}
 TABLE30_CONTROL = [(env, TABLE22_BUDGET) for env in common.SUITE_22]
 
 
+# The anchors' row: CleanRL's PPO (its MuJoCo script) scores CleanRL's RPO runs of the same tag on the control suite (the
+# script its documentation gives for dm_control), so the anchor has a 30-task row; each part is checked as its own code.
+ANCHOR_CONTROL_RUNS_OF = {"cleanrl_ppo": "cleanrl_rpo"}
+
+
 def table30_groups(groups: dict) -> dict:
-    """`groups` with the control-suite runs `CONTROL_RUNS_OF` lends (a tag's own runs win over borrowed ones)."""
+    """`groups` with the control-suite runs `CONTROL_RUNS_OF` and `ANCHOR_CONTROL_RUNS_OF` lend (a config's own runs win
+    over borrowed ones)."""
     borrowed = {
         (env, algo, alias, budget): seeds
         for (env, algo, tag, budget), seeds in groups.items()
         for alias, source in CONTROL_RUNS_OF.items()
         if tag == source and env in common.PUBLISHED_8M
+    }
+    borrowed |= {
+        (env, alias, tag, budget): seeds
+        for (env, algo, tag, budget), seeds in groups.items()
+        for alias, source in ANCHOR_CONTROL_RUNS_OF.items()
+        if algo == source and env in common.PUBLISHED_8M
     }
     return borrowed | groups
 
@@ -354,7 +369,7 @@ def paired_table(groups: dict, reps: int = 2000) -> str:
     lines = []
     for suite_name, suite in (("table22", control), ("mujoco", mujoco), ("table30", control + mujoco)):
         for a, b in pairs:
-            scores = paired_scores(table30_groups(groups), suite, bars, a, b)
+            scores = paired_scores(table30_groups(groups) if suite_name == "table30" else groups, suite, bars, a, b)
             if scores is None:
                 continue
             x, y = scores
@@ -370,6 +385,27 @@ def paired_table(groups: dict, reps: int = 2000) -> str:
             cells += [f"{d:+.3f} [{lo_:+.3f}, {hi_:+.3f}]" for d, lo_, hi_ in (iqm_diff, mean_diff)]
             lines.append("| " + " | ".join([*cells, led, guard]) + " |")
     return PAIRED_HEADER + "\n" + "\n".join(lines) + "\n" if lines else ""
+
+
+WALLTIME_HEADER = (
+    f"Wall time at the same budget: the mean over seeds of each script's `{BASE_TAG}` runs (their evaluations every"
+    " 100k included) over the anchor's (its final evaluation included), per task\n\n"
+    "| env | budget | anchor | "
+    + " | ".join(f"`{algo}.py` / anchor" for algo in ("ppo_continuous", "vmpo_continuous"))
+    + " |\n|---|---|---|---|---|"
+)
+
+
+def walltime_table(groups: dict) -> str:
+    """The wall-time ratios of each script's defaults to an anchor's runs on the same task and budget; '' when none."""
+    seconds = {key: np.mean([runs[-1]["wall_time"] for runs in seeds.values()]) for key, seeds in groups.items()}
+    lines = []
+    for (env, algo, tag, budget), anchor in sorted(seconds.items()):
+        if algo.startswith("cleanrl_"):
+            ours = [seconds.get((env, a, BASE_TAG, budget)) for a in ("ppo_continuous", "vmpo_continuous")]
+            ratios = ["" if x is None else f"{x / anchor:.2f}" for x in ours]
+            lines.append(f"| {env} | {fmt_budget(budget)} | {algo} [{tag}] | " + " | ".join(ratios) + " |")
+    return WALLTIME_HEADER + "\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 ALGO_ANCHORED = ("ppo_continuous", "vmpo_continuous")  # the scripts an anchor's runs are compared with
@@ -511,7 +547,9 @@ def mixed_sources(parts: list[list[tuple[str, int, dict]]]) -> list[str]:
         (part, "args hashes differ", lambda r: r["args_hash"], lambda runs: f"args {runs[0][2]['args_hash']}")
         for part in parts
     ]
-    checks.append(([run for part in parts for run in part], "learning code differs", code_key, code_name))
+    runs = [run for part in parts for run in part]
+    wholes = [runs] if len({r["algo"] for *_, r in runs}) <= 1 else parts  # two scripts (an anchor's row): code per part
+    checks += [(whole, "learning code differs", code_key, code_name) for whole in wholes]
     found = []
     for runs, what, key, name in checks:
         groups = defaultdict(list)
@@ -835,6 +873,8 @@ def main() -> int:
     md += "\n" + table30(groups, note=note("table30"))
     paired = paired_table(groups)
     md += "\n" + paired if paired else ""
+    walltime = walltime_table(groups)
+    md += "\n" + walltime if walltime else ""
     finals = final_table(args.csv)
     md += "\n" + finals if finals else ""
     flagship = flagship_groups(groups)
