@@ -310,6 +310,7 @@ def table30(groups: dict, reps: int = 2000, note: str = "") -> str:
 # its paired 30-task IQM difference ends above GUARD_IQM_FLOOR, and no MuJoCo task's mean score over its seeds is under
 # GUARD_MUJOCO_SCORE.
 BASE_TAG = "defaults-e56b79a"  # today's defaults
+ALGO_ANCHORED = ("ppo_continuous", "vmpo_continuous")  # the scripts an anchor's runs are compared with
 GUARD_IQM_FLOOR, GUARD_MUJOCO_SCORE = -0.1, 0.8
 PAIRED_HEADER = (
     f"Paired comparisons: each config against its script's `{BASE_TAG}` (today's defaults), and each script's defaults"
@@ -352,14 +353,14 @@ def paired_difference(a: np.ndarray, b: np.ndarray, statistic, reps: int) -> tup
 
 
 def iqm(x: np.ndarray) -> float:
-    """The interquartile mean of every run's score (rliable's `aggregate_iqm`)."""
-    from scipy.stats import trim_mean
+    """The interquartile mean of every run's score, as the aggregates compute it."""
+    from rliable import metrics
 
-    return float(trim_mean(x.ravel(), 0.25))
+    return float(metrics.aggregate_iqm(x))
 
 
 def paired_table(groups: dict, reps: int = 2000) -> str:
-    """The paired comparisons (Markdown) on table22 and table30; '' when no pair ran a whole suite."""
+    """The paired comparisons (Markdown) on table22, the MuJoCo tasks and table30; '' when no pair ran a whole suite."""
     control, mujoco = TABLE30_CONTROL, list(common.MUJOCO_BARS)
     bars = {(env, budget): common.PUBLISHED_8M[env][1] for env, budget in control} | common.MUJOCO_BARS
     configs = sorted({(algo, tag) for (_, algo, tag, _) in groups})
@@ -390,9 +391,7 @@ def paired_table(groups: dict, reps: int = 2000) -> str:
 WALLTIME_HEADER = (
     f"Wall time at the same budget: the mean over seeds of each script's `{BASE_TAG}` runs (their evaluations every"
     " 100k included) over the anchor's (its final evaluation included), per task\n\n"
-    "| env | budget | anchor | "
-    + " | ".join(f"`{algo}.py` / anchor" for algo in ("ppo_continuous", "vmpo_continuous"))
-    + " |\n|---|---|---|---|---|"
+    "| env | budget | anchor | " + " | ".join(f"`{algo}.py` / anchor" for algo in ALGO_ANCHORED) + " |\n|---|---|---|---|---|"
 )
 
 
@@ -402,13 +401,11 @@ def walltime_table(groups: dict) -> str:
     lines = []
     for (env, algo, tag, budget), anchor in sorted(seconds.items()):
         if algo.startswith("cleanrl_"):
-            ours = [seconds.get((env, a, BASE_TAG, budget)) for a in ("ppo_continuous", "vmpo_continuous")]
+            ours = [seconds.get((env, a, BASE_TAG, budget)) for a in ALGO_ANCHORED]
             ratios = ["" if x is None else f"{x / anchor:.2f}" for x in ours]
             lines.append(f"| {env} | {fmt_budget(budget)} | {algo} [{tag}] | " + " | ".join(ratios) + " |")
     return WALLTIME_HEADER + "\n" + "\n".join(lines) + "\n" if lines else ""
 
-
-ALGO_ANCHORED = ("ppo_continuous", "vmpo_continuous")  # the scripts an anchor's runs are compared with
 
 # --- Where each number comes from -------------------------------------------------------------------------------------
 # Every table is checked, before anything is written, for rows of one tag that ran different args or different learning
