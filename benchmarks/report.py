@@ -40,7 +40,7 @@ configs' curves alone, one line per script and budget (on its fresh seeds where 
 evaluations (`common.RPO_FLAGSHIP`) as points, for the README. `results.md` links every PNG it writes.
 
 `--readme-table` prints the README's results table instead and writes nothing: each script's defaults on the seeds
-`README_ROWS` names, beside the reference implementations' figures (`common.REFERENCE_FINALS`) and the MuJoCo bars.
+`README_ROWS` names, beside CleanRL's PPO and RPO run on the same tasks, seeds and evaluation (`ANCHOR_TAG`).
 
 Under every table, a line names the commits and args hashes of its runs (`common.SOURCE_FIELDS`; on stderr for
 `--readme-table`). Before anything is written, every table is checked for rows of one tag that ran different args
@@ -642,37 +642,35 @@ def sources_note(rows: list[tuple[str, list]], mixed: list[str]) -> str:
     return line + ("\n\n**Mixed sources (--allow-mixed):** " + " | ".join(mixed) if mixed else "")
 
 
-# The README's results table (`--readme-table`): one row per task and budget, with the seeds its figures stand on and
-# the scripts in its first columns. Fresh seeds (`common.FRESH_SEEDS_FROM` and above) show mean ± std; the seeds that
-# chose the defaults (the 3M rows of finger/spin and hopper/stand) and ppo_discrete.py's seeds 1-3 show the mean alone,
-# so the two kinds read apart. ppo_discrete.py's runs carry run.py's default tag.
-README_SCRIPTS = ("ppo_continuous", "vmpo_continuous")
-FRESH_5 = (11, 12, 13, 14, 15)
-FRESH_2 = (11, 12)
-CHOOSING_2 = (1, 2)  # the seeds that chose the defaults
+# The README's results table (`--readme-table`): one row per task and budget, all of it from one code per column.
+# Our scripts' cells are today's defaults (`BASE_TAG`) on seeds 1-2, the seeds that chose the defaults (the flagship's
+# cell: its 20 fresh seeds); the anchors' cells are CleanRL's scripts run outside the project on the same tasks, budget,
+# evaluation and seeds (`ANCHOR_TAG`): RPO beside the control suite, PPO beside MuJoCo. ppo_discrete.py's runs carry
+# run.py's default tag, in the first column. A cell is the mean ± std (population) of its seeds' final evaluations.
+README_COLUMNS = ("ppo_continuous", "vmpo_continuous", "cleanrl_ppo", "cleanrl_rpo")
+README_COLUMN_OF = {algo: i for i, algo in enumerate(README_COLUMNS)} | {"ppo_discrete": 0}
+ANCHOR_TAG = "cleanrl-fe8d8a0"  # CleanRL at commit fe8d8a0, edited only for gymnasium 1.x and our final evaluation
+SEEDS_1_2 = (1, 2)
 FLAGSHIP_SEEDS = tuple(range(101, 121))  # the flagship's 20 fresh seeds, on today's code
 
 
-def both(seeds: tuple[int, ...], tag: str = "defaults") -> dict[str, tuple[str, tuple[int, ...]]]:
-    """A row's cells: each continuous script's runs of `tag` on `seeds`."""
-    return {algo: (tag, seeds) for algo in README_SCRIPTS}
+def readme_columns(env: str, anchor: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """A row's cells: each continuous script's defaults and `anchor` on seeds 1-2; the flagship's on its 20 seeds."""
+    columns = {algo: (BASE_TAG, SEEDS_1_2) for algo in README_COLUMNS[:2]} | {anchor: (ANCHOR_TAG, SEEDS_1_2)}
+    if env == common.FLAGSHIP_ENV:
+        columns["vmpo_continuous"] = (BASE_TAG, FLAGSHIP_SEEDS)
+    return columns
 
 
-# (task, budget, {script: (tag, seeds)}): the scripts in the table's first columns. ppo_discrete.py's runs carry
-# run.py's default tag, in the first column; vmpo_continuous.py's walker/walk 1M cell is today's code on 20 seeds.
-FLAGSHIP_CELL = {"vmpo_continuous": ("defaults-e56b79a", FLAGSHIP_SEEDS)}
+# (task, budget, {algo: (tag, seeds)}), each algo in its column of `README_COLUMN_OF`.
 README_ROWS = [
-    *(
-        (env, common.parse_steps(budget), both(FRESH_5) | (FLAGSHIP_CELL if env == common.FLAGSHIP_ENV else {}))
-        for env, budget in common.SUITES["control"].items()
-    ),
-    ("dm_control/walker/walk", 3_000_000, both(FRESH_2)),
-    ("dm_control/finger/spin", 3_000_000, both(CHOOSING_2)),
-    ("dm_control/hopper/stand", 3_000_000, both(CHOOSING_2)),
-    *((env, budget, both(FRESH_2)) for env, budget in common.MUJOCO_BARS),
+    *((env, 1_000_000, readme_columns(env, "cleanrl_rpo")) for env in common.SUITES["control"]),
+    *((env, budget, readme_columns(env, "cleanrl_ppo")) for env, budget in common.MUJOCO_BARS),
     ("CartPole-v1", 100_000, {"ppo_discrete": (common.DEFAULT_TAG, (1, 2, 3))}),
 ]
-README_HEADER = "| task | budget | `ppo_continuous.py` | `vmpo_continuous.py` | widely used PPO | RPO |\n" + "|---" * 6 + "|"
+README_HEADER = (
+    "| task | budget | `ppo_continuous.py` | `vmpo_continuous.py` | CleanRL PPO | CleanRL RPO |\n" + "|---" * 6 + "|"
+)
 
 
 def fmt_budget(steps: int) -> str:
@@ -686,39 +684,24 @@ def fmt_figure(value: float, decimals: int, best: float) -> str:
 
 
 def readme_table(groups: dict) -> str:
-    """The README's results table (Markdown) from the runs: the scripts' defaults on the seeds of `README_ROWS`, beside
-    the reference implementations' measured figures (`common.REFERENCE_FINALS`, with their seed counts) or, in italics,
-    the MuJoCo bars (`common.MUJOCO_BARS`). Bold: the highest mean of the row. Two decimals in a row whose figures are
-    all under 10 in size, else one; a reference figure measured in whole numbers stays whole."""
+    """The README's results table (Markdown) from the runs of `README_ROWS`: per cell, the mean ± std of its seeds'
+    final evaluations and their count; empty where none ran. Bold: the row's highest mean. Two decimals in a row whose
+    figures are all under 10 in size, else one."""
     lines = [README_HEADER]
     for env, budget, columns in README_ROWS:
-        ours = []  # per script column: (the final evaluations of its seeds that ran, fresh seeds?), None where none did
+        cells = [None] * len(README_COLUMNS)  # per column: the final evaluations of the seeds that ran, or None
         for algo, (tag, seeds) in columns.items():
             runs = groups.get((env, algo, group_tag(tag, seeds), budget), {})
             finals = [runs[s][-1]["eval_return"] for s in seeds if s in runs]
-            ours.append((np.array(finals), min(seeds) >= common.FRESH_SEEDS_FROM) if finals else None)
-        ours += [None] * (len(README_SCRIPTS) - len(columns))
-        refs = {name: measured.get((env, budget)) for name, measured in common.REFERENCE_FINALS.items()}
-        bar = common.MUJOCO_BARS.get((env, budget))
-        figures = [x.mean() for x, _ in filter(None, ours)]
-        figures += [common.reference_mean(f) for f in refs.values() if f] + ([bar] if bar is not None else [])
+            cells[README_COLUMN_OF[algo]] = np.array(finals) if finals else None
+        figures = [x.mean() for x in cells if x is not None]
         best = max(figures, default=None)
         decimals = 2 if all(abs(f) < 10 for f in figures) else 1
-        scripts = tuple(columns)
-        cells = [env if scripts == README_SCRIPTS else f"{env} ({', '.join(f'`{a}.py`' for a in scripts)})"]
-        cells.append(fmt_budget(budget))
-        for x, fresh in (cell or (None, False) for cell in ours):
-            spread = f" ± {x.std():,.{decimals}f}" if x is not None and fresh else ""
-            cells.append("" if x is None else f"{fmt_figure(x.mean(), decimals, best)}{spread} ({x.size})")
-        for name, finals in refs.items():
-            if finals:
-                whole = all(isinstance(v, int) for v in finals)
-                cells.append(f"{fmt_figure(common.reference_mean(finals), 0 if whole else 1, best)} ({len(finals)})")
-            elif bar is not None and name == "widely used PPO":  # the MuJoCo bars are that PPO's published figures
-                cells.append(f"*{fmt_figure(bar, decimals, best)}*")
-            else:
-                cells.append("")
-        lines.append("|" + "|".join(f" {c} " if c else " " for c in cells) + "|")
+        text = [env if "ppo_discrete" not in columns else f"{env} (`ppo_discrete.py`)", fmt_budget(budget)]
+        for x in cells:
+            spread = f" ± {x.std():,.{decimals}f}" if x is not None and x.size > 1 else ""
+            text.append("" if x is None else f"{fmt_figure(x.mean(), decimals, best)}{spread} ({x.size})")
+        lines.append("|" + "|".join(f" {c} " if c else " " for c in text) + "|")
     return "\n".join(lines) + "\n"
 
 
