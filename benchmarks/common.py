@@ -195,8 +195,6 @@ FLAGSHIP_ENV = "dm_control/walker/walk"
 # Seeds 1-10 choose defaults; seeds from this one on chose nothing, so the README's figures come from them (a mean over
 # the seeds a default was picked on carries a winner's curse). report.py shows their runs apart: "<tag> (fresh seeds)".
 FRESH_SEEDS_FROM = 11
-# RPO's final evaluation of each seed on the flagship task, per budget: report.py marks them beside the defaults' curves.
-RPO_FLAGSHIP = {budget: f for (env, budget), f in REFERENCE_FINALS["RPO"].items() if env == FLAGSHIP_ENV}
 # The suites the aggregate is computed over: the short suite's five tasks with a bar, the long suite's two, the eight
 # MuJoCo tasks, and the short and MuJoCo suites together (a default must serve both).
 AGGREGATE_SUITES = {

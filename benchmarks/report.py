@@ -35,9 +35,9 @@ CleanRL's scripts run outside the project (a results CSV of their own, algo `cle
 `cleanrl_ppo` on MuJoCo; in table30 the PPO row scores the RPO runs of its tag on the control suite); then, per task,
 the wall time of each script's defaults over the anchor's at the same budget.
 
-Last, `<out>/flagship.png` when some script has `defaults` rows on the flagship task (`common.FLAGSHIP_ENV`): those
-configs' curves alone, one line per script and budget (on its fresh seeds where it has them), with RPO's measured final
-evaluations (`common.RPO_FLAGSHIP`) as points, for the README. `results.md` links every PNG it writes.
+Last, `<out>/flagship.png` when some script has `BASE_TAG` rows on the flagship task (`common.FLAGSHIP_ENV`): those
+configs' curves alone, one line per script and budget (on its fresh seeds where it has them), with the anchors' final
+evaluations there (`ANCHOR_TAG`) as points, for the README. `results.md` links every PNG it writes.
 
 `--readme-table` prints the README's results table instead and writes nothing: each script's defaults on the seeds
 `README_ROWS` names, beside CleanRL's PPO and RPO run on the same tasks, seeds and evaluation (`ANCHOR_TAG`).
@@ -775,11 +775,13 @@ def plot_env(env: str, groups: dict, path: Path) -> None:
 
 
 def flagship_groups(groups: dict) -> dict:
-    """The flagship task's runs under each script's current defaults (tag `defaults`), every budget: on the fresh seeds
-    where a script has them at that budget, else on the seeds that chose the defaults."""
+    """The flagship task's runs under each script's defaults (`BASE_TAG`), every budget: on the fresh seeds where a
+    script has them at that budget, else on the seeds that chose the defaults; and the anchors' runs (`ANCHOR_TAG`)."""
     chosen = {}
-    for tag in ("defaults", "defaults" + FRESH):  # fresh seeds, second, replace the others
+    for tag in (BASE_TAG, BASE_TAG + FRESH, ANCHOR_TAG):  # fresh seeds, after the others, replace them
         chosen |= {k[:2] + k[3:]: k for k in groups if k[0] == common.FLAGSHIP_ENV and k[2] == tag}
+    if all(k[2] == ANCHOR_TAG for k in chosen.values()):
+        return {}  # no curve of ours to draw
     return {k: groups[k] for k in sorted(chosen.values())}
 
 
@@ -790,17 +792,20 @@ def plot_flagship(groups: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 6), constrained_layout=True)
-    colors = {algo: f"C{i}" for i, algo in enumerate(sorted({k[1] for k in groups}))}  # one color per script
-    longest = max(k[3] for k in groups)
-    for (_, algo, tag, budget), seeds in groups.items():
+    ours = {k: seeds for k, seeds in groups.items() if k[2] != ANCHOR_TAG}
+    colors = {algo: f"C{i}" for i, algo in enumerate(sorted({k[1] for k in ours}))}  # one color per script
+    longest = max(k[3] for k in ours)
+    for (_, algo, tag, budget), seeds in ours.items():
         x, mean, lo, hi = seed_band(seeds, "step")
         style = "-" if budget == longest else "--"
         which = "fresh seeds" if tag.endswith(FRESH) else "seeds that chose the defaults"
         label = f"{algo} defaults, {budget:,} steps ({len(seeds)} {which})"
         ax.plot(x, mean, style, color=colors[algo], label=label)
         ax.fill_between(x, lo, hi, color=colors[algo], alpha=0.15, linewidth=0)
-    for i, (budget, finals) in enumerate(common.RPO_FLAGSHIP.items()):
-        label = "RPO (CleanRL), final evaluation of each seed at its budget" if i == 0 else None
+    anchors = [(k, seeds) for k, seeds in groups.items() if k[2] == ANCHOR_TAG]  # one row a run: its final evaluation
+    for i, ((_, algo, _, budget), seeds) in enumerate(anchors):
+        finals = [runs[-1]["eval_return"] for runs in seeds.values()]
+        label = f"{algo} ({ANCHOR_TAG}), final evaluation of each seed" if i == 0 else None
         ax.plot([budget] * len(finals), finals, "k*", markersize=10, label=label)
     ax.set_xlabel("env steps")
     ax.set_ylabel("eval return (mean, min–max over seeds)")

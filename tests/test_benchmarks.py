@@ -649,30 +649,35 @@ def test_report_scores_the_gaussian_everywhere_on_the_defaults_control_runs(tmp_
 
 
 def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path, common):
-    """flagship.png shows the walker/walk runs tagged `defaults` of each script at each budget, and nothing else: on the
-    fresh seeds where a script has them at that budget. The table shows the fresh seeds in a row of their own."""
-    walker, lines = "dm_control/walker/walk", []
+    """flagship.png shows the walker/walk runs of each script's defaults (`BASE_TAG`) at each budget and the anchors'
+    runs there (`ANCHOR_TAG`), and nothing else: on the fresh seeds where a script has them at that budget. The table
+    shows the fresh seeds in a row of their own."""
+    import report  # on the path with common
+
+    walker, lines, base = "dm_control/walker/walk", [], report.BASE_TAG
     drawn = {("ppo_continuous", 1_000_000), ("vmpo_continuous", 1_000_000), ("vmpo_continuous", 3_000_000)}
     for algo, budget in drawn:
         for seed in (1, 2):
-            lines += run_lines(algo, "defaults", walker, seed, budget, 300.0 * seed)
+            lines += run_lines(algo, base, walker, seed, budget, 300.0 * seed)
     fresh = (common.FRESH_SEEDS_FROM, common.FRESH_SEEDS_FROM + 3)
     for seed in fresh:
-        lines += run_lines("vmpo_continuous", "defaults", walker, seed, 1_000_000, 10.0 * seed)
+        lines += run_lines("vmpo_continuous", base, walker, seed, 1_000_000, 10.0 * seed)
     lines += run_lines("vmpo_continuous", "lr 3e-4", walker, 1, 1_000_000, 100.0)  # another tag
-    lines += run_lines("ppo_continuous", "defaults", "dm_control/finger/spin", 1, 500_000, 100.0)  # another task
+    lines += run_lines("ppo_continuous", base, "dm_control/finger/spin", 1, 500_000, 100.0)  # another task
+    for seed in (1, 2):
+        lines += run_lines("cleanrl_rpo", report.ANCHOR_TAG, walker, seed, 1_000_000, 500.0)[-1:]  # a row a run
     (tmp_path / "f.csv").write_text(RESULT_HEADER + "".join(lines))
     proc = bench("report.py", tmp_path / "f.csv", "--out", tmp_path / "report")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    import report  # on the path with common
 
     groups = report.flagship_groups(report.group_runs(common.read_results([tmp_path / "f.csv"])))
-    assert {(algo, budget) for _, algo, _, budget in groups} == drawn
-    assert list(groups[(walker, "vmpo_continuous", "defaults (fresh seeds)", 1_000_000)]) == list(fresh)
-    assert list(groups[(walker, "vmpo_continuous", "defaults", 3_000_000)]) == [1, 2]
+    assert {(algo, budget) for _, algo, _, budget in groups} == drawn | {("cleanrl_rpo", 1_000_000)}
+    assert list(groups[(walker, "vmpo_continuous", f"{base} (fresh seeds)", 1_000_000)]) == list(fresh)
+    assert list(groups[(walker, "vmpo_continuous", base, 3_000_000)]) == [1, 2]
+    assert list(groups[(walker, "cleanrl_rpo", report.ANCHOR_TAG, 1_000_000)]) == [1, 2]
     rows = table_rows((tmp_path / "report" / "results.md").read_text())
     values = [10.0 * s for s in fresh]
-    assert rows[(walker, "vmpo_continuous", "defaults (fresh seeds)")][4:6] == [
+    assert rows[(walker, "vmpo_continuous", f"{base} (fresh seeds)")][4:6] == [
         ", ".join(map(str, fresh)),
         f"{statistics.fmean(values):.1f} ± {statistics.pstdev(values):.1f}",
     ]
