@@ -991,7 +991,7 @@ def test_the_readmes_results_table_is_report_pys(common):
     for cells, (env, budget, columns) in zip(rows, report.README_ROWS, strict=True):
         assert cells[0].startswith(env) and cells[1] == report.fmt_budget(budget)
         named = {report.README_COLUMN_OF[algo]: (algo, tag, seeds) for algo, (tag, seeds) in columns.items()}
-        decimals = len(re.search(r"\.(\d+)", cells[2]).group(1))  # the row's precision: its first column's
+        decimals = len(re.search(r"\.(\d+)", next(c for c in cells[2:] if c)).group(1))  # the row's precision
         for i, cell in enumerate(cells[2:]):
             algo, tag, seeds = named.get(i, (None, None, ()))
             values = [finals[(algo, tag, env, budget, s)][1] for s in seeds if (algo, tag, env, budget, s) in finals]
