@@ -310,13 +310,16 @@ def table30(groups: dict, reps: int = 2000, note: str = "") -> str:
 # its paired 30-task IQM difference ends above GUARD_IQM_FLOOR, and no MuJoCo task's mean score over its seeds is under
 # GUARD_MUJOCO_SCORE.
 BASE_TAG = "defaults-e56b79a"  # today's defaults
+# CleanRL at commit fe8d8a0, edited only for gymnasium 1.x and our final evaluation; its older tags compare with nothing
+ANCHOR_TAG = "cleanrl-fe8d8a0"
 ALGO_ANCHORED = ("ppo_continuous", "vmpo_continuous")  # the scripts an anchor's runs are compared with
 GUARD_IQM_FLOOR, GUARD_MUJOCO_SCORE = -0.1, 0.8
 PAIRED_HEADER = (
     f"Paired comparisons: each config against its script's `{BASE_TAG}` (today's defaults), and each script's defaults"
-    " against an anchor (`cleanrl_*`), by task and seed on the seeds both ran (the first n in common on every task); 95%"
-    " intervals resample each task's seeds for both arms alike (2000 times). Guard (table30): the IQM difference's"
-    f" interval ends above {GUARD_IQM_FLOOR} and every MuJoCo task's mean score is {GUARD_MUJOCO_SCORE} or more\n\n"
+    f" against an anchor (`cleanrl_*` [{ANCHOR_TAG}]), by task and seed on the seeds both ran (the first n in common on"
+    " every task); 95% intervals resample each task's seeds for both arms alike (2000 times). Guard (table30): the"
+    f" IQM difference's interval ends above {GUARD_IQM_FLOOR} and every MuJoCo task's mean score is"
+    f" {GUARD_MUJOCO_SCORE} or more\n\n"
     "| suite | config | against | seeds per task | IQM (config / against) | IQM difference [95% CI] |"
     " mean difference [95% CI] | tasks led on every seed (config / against) | guard |\n"
     "|---|---|---|---|---|---|---|---|---|"
@@ -366,7 +369,8 @@ def paired_table(groups: dict, reps: int = 2000) -> str:
     configs = sorted({(algo, tag) for (_, algo, tag, _) in groups})
     ours = [c for c in configs if not c[0].startswith("cleanrl_")]
     pairs = [(c, (c[0], BASE_TAG)) for c in ours if c[1] != BASE_TAG]
-    pairs += [((algo, BASE_TAG), anchor) for anchor in configs if anchor[0].startswith("cleanrl_") for algo in ALGO_ANCHORED]
+    anchors = [c for c in configs if c[0].startswith("cleanrl_") and c[1] == ANCHOR_TAG]
+    pairs += [((algo, BASE_TAG), anchor) for anchor in anchors for algo in ALGO_ANCHORED]
     lines = []
     for suite_name, suite in (("table22", control), ("mujoco", mujoco), ("table30", control + mujoco)):
         for a, b in pairs:
@@ -400,7 +404,7 @@ def walltime_table(groups: dict) -> str:
     seconds = {key: np.mean([runs[-1]["wall_time"] for runs in seeds.values()]) for key, seeds in groups.items()}
     lines = []
     for (env, algo, tag, budget), anchor in sorted(seconds.items()):
-        if algo.startswith("cleanrl_"):
+        if algo.startswith("cleanrl_") and tag == ANCHOR_TAG:
             ours = [seconds.get((env, a, BASE_TAG, budget)) for a in ALGO_ANCHORED]
             ratios = ["" if x is None else f"{x / anchor:.2f}" for x in ours]
             lines.append(f"| {env} | {fmt_budget(budget)} | {algo} [{tag}] | " + " | ".join(ratios) + " |")
@@ -649,7 +653,6 @@ def sources_note(rows: list[tuple[str, list]], mixed: list[str]) -> str:
 # run.py's default tag, in the first column. A cell is the mean ± std (population) of its seeds' final evaluations.
 README_COLUMNS = ("ppo_continuous", "vmpo_continuous", "cleanrl_ppo", "cleanrl_rpo")
 README_COLUMN_OF = {algo: i for i, algo in enumerate(README_COLUMNS)} | {"ppo_discrete": 0}
-ANCHOR_TAG = "cleanrl-fe8d8a0"  # CleanRL at commit fe8d8a0, edited only for gymnasium 1.x and our final evaluation
 SEEDS_1_2 = (1, 2)
 FLAGSHIP_SEEDS = tuple(range(101, 121))  # the flagship's 20 fresh seeds, on today's code
 

@@ -597,8 +597,9 @@ def test_report_pairs_each_config_with_todays_defaults_by_task_and_seed(tmp_path
 def test_report_sets_the_anchors_beside_todays_defaults(tmp_path, common):
     """CleanRL's anchors in a CSV of their own: RPO on the 22 control tasks, PPO on the 8 MuJoCo tasks, two scripts whose
     learning codes differ. table22 lists RPO, table30 lists PPO with RPO's control runs (not refused as mixed code), the
-    paired section sets today's defaults against each on its suite, and the wall-time section gives ours over theirs."""
-    from report import BASE_TAG
+    paired section sets today's defaults against each on its suite, and the wall-time section gives ours over theirs.
+    An anchor's runs of an older tag (a schedule since corrected) are listed and compared with nothing."""
+    from report import ANCHOR_TAG, BASE_TAG
 
     ours, scores = table30_runs(BASE_TAG, 0.9, lambda t, env: (1.0 + 0.1 * t, 1.2), common)
     (tmp_path / "ours.csv").write_text(RESULT_HEADER + "".join(ours))
@@ -609,24 +610,27 @@ def test_report_sets_the_anchors_beside_todays_defaults(tmp_path, common):
     for algo, env, final in tasks:
         for seed in (1, 2):
             source = f"{'f' * 40},{'1' if algo == 'cleanrl_rpo' else '2'}{'0' * 39},{algo[-3:]}edits,torch=1\n"
-            lines.append(f"{algo},cleanrl-f,{env},{seed},1000000,999424,40,{final},1,{source}")
+            lines.append(f"{algo},{ANCHOR_TAG},{env},{seed},1000000,999424,40,{final},1,{source}")
+            lines.append(f"{algo},cleanrl-old,{env},{seed},1000000,999424,10,{0.5 * final},1,{source}")
     (tmp_path / "anchors.csv").write_text(header + "".join(lines))
     proc = bench("report.py", tmp_path / "ours.csv", tmp_path / "anchors.csv", "--out", tmp_path / "report")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     md = (tmp_path / "report" / "results.md").read_text()
     cells = [line.strip("| ").split(" | ") for line in md.splitlines() if line.startswith("| table")]
-    assert ["table22", "cleanrl_rpo", "cleanrl-f", "2", "44"] in [c[:5] for c in cells]
-    assert ["table30", "cleanrl_ppo", "cleanrl-f", "2", "60"] in [c[:5] for c in cells]
+    for tag in (ANCHOR_TAG, "cleanrl-old"):
+        assert ["table22", "cleanrl_rpo", tag, "2", "44"] in [c[:5] for c in cells]
+        assert ["table30", "cleanrl_ppo", tag, "2", "60"] in [c[:5] for c in cells]
     paired = {(c[0], c[2]): c for c in (line.strip("| ").split(" | ") for line in md.splitlines()) if len(c) == 9}
     x = np.array(scores).T  # (seeds, tasks): ours
     anchor = np.array([0.8] * 22 + [0.7] * 8)
     for suite, against, columns in (("table22", "rpo", slice(0, 22)), ("mujoco", "ppo", slice(22, 30))):
-        row = paired[(suite, f"cleanrl_{against} [cleanrl-f]")]
+        row = paired[(suite, f"cleanrl_{against} [{ANCHOR_TAG}]")]
         assert row[1] == f"vmpo_continuous [{BASE_TAG}]"
         assert row[6].startswith(f"{(x[:, columns] - anchor[columns]).mean():+.3f} [")
-    assert paired[("table30", "cleanrl_ppo [cleanrl-f]")][6].startswith(f"{(x - anchor).mean():+.3f} [")
+    assert paired[("table30", f"cleanrl_ppo [{ANCHOR_TAG}]")][6].startswith(f"{(x - anchor).mean():+.3f} [")
+    assert not [key for key in paired if "cleanrl-old" in key[1]]
     walltime = [line for line in md.splitlines() if line.startswith("| Hopper-v5 | 1M | cleanrl_ppo")]
-    assert walltime == ["| Hopper-v5 | 1M | cleanrl_ppo [cleanrl-f] |  | 0.50 |"]  # 20 s against 40 s
+    assert walltime == [f"| Hopper-v5 | 1M | cleanrl_ppo [{ANCHOR_TAG}] |  | 0.50 |"]  # 20 s against 40 s
 
 
 def test_report_scores_the_gaussian_everywhere_on_the_defaults_control_runs(tmp_path, common):
