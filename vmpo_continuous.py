@@ -123,7 +123,7 @@ class Args:
     value_hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of the value encoder"""
     init_log_std: float | None = None
-    """initial log-std of the Gaussian (None: 0, std 1): the parameter, or the log-std head's bias; the Beta has none"""
+    """initial log-std of the Gaussian (None: 1, std e): the parameter, or the log-std head's bias; the Beta has none"""
 
     # This file's departures from the paper: each default, and the value that gives the paper's.
     m_steps: int = 80
@@ -142,7 +142,8 @@ class Args:
     m_step_clip: float = 0.2
     """epsilon of the likelihood-ratio bounds of --m-step clip"""
     rpo_alpha: float | None = None
-    """RPO's U(-alpha, alpha) shift of the M-step likelihood's mean (Beta: logits); None: gaussian 0.5, beta 0.2 (0: paper)"""
+    """RPO's U(-alpha, alpha) shift of the M-step likelihood's mean (Beta: logits), scaled as the policy's learning rate
+    anneals; None: gaussian 0.5, beta 0.2 (0: the paper's)"""
     gae_lambda: float = 0.95
     """lambda of the GAE targets (1: the paper's n-step returns over the rollout; 0: one-step TD)"""
     anneal_lr: bool = True
@@ -627,9 +628,13 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     fields["psi"], fields["psi_minus"] = args.num_minibatches * estep["weights"], args.num_minibatches * push_weights
     fields["selected"], fields["restarting"] = estep["selected_weights"], restarting
     # ---- M-step: the likelihood loss of --m-step under decoupled KL trust regions, plus the value fit, a minibatch a step.
+    # RPO's shift shrinks with the learning rate (a third as wide at 1M on the default schedule): it keeps the std wide
+    # early and lets it narrow late, where the evaluated mean must walk on its own.
+    # LaTeX: \alpha^{rpo}_k = \alpha^{rpo} \, \mathrm{lr}_k / \mathrm{lr}_0
+    rpo_alpha = args.rpo_alpha * optimizers["model"].param_groups[0]["lr"] / args.policy_lr
     for mb in minibatches(fields, args.num_minibatches, args.m_steps):
         params, values = agent(mb["obs"])
-        losses = m_step_losses(family, params, values, mb, args.m_step, args.m_step_clip, args.rpo_alpha)
+        losses = m_step_losses(family, params, values, mb, args.m_step, args.m_step_clip, rpo_alpha)
         # The multipliers' dual loss, KLs held constant: minimizing it grows alpha while its KL is above epsilon.
         alpha_mu, alpha_sigma = duals.alphas()
         kl_mu, kl_sigma = losses["kl_mu"].detach(), losses["kl_sigma"].detach()
@@ -1017,7 +1022,7 @@ def choose_policy(args: Args, space: gym.spaces.Box) -> tuple[str, float, float 
     if policy == "beta" and args.init_log_std is not None:
         raise ConfigError(f"--init-log-std sets the Gaussian's std; the Beta that {why.split(':')[0]} trains has none")
     rpo_alpha = RPO_ALPHA[policy] if args.rpo_alpha is None else args.rpo_alpha
-    init_log_std = None if policy == "beta" else 0.0 if args.init_log_std is None else args.init_log_std
+    init_log_std = None if policy == "beta" else 1.0 if args.init_log_std is None else args.init_log_std
     return policy, rpo_alpha, init_log_std, f"policy: {policy} ({why}), RPO shift alpha {rpo_alpha}"
 
 

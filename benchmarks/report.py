@@ -27,7 +27,7 @@ the same seeds, their IQM with its interval, the 22-task IQM on those seeds, the
 whether the config qualifies (`RULE_CONTROL_IQM`, `RULE_MUJOCO_FLOOR`).
 
 Then the paired comparisons (`paired_table`), on table22, the 8 MuJoCo tasks and table30: each config against its
-script's `BASE_TAG` (today's defaults), and each script's defaults against an anchor (CleanRL's script, algo
+script's defaults (`BASE_TAGS`), and each script's defaults against an anchor (CleanRL's script, algo
 `cleanrl_*`), on the seeds both ran of every task; the difference of the IQM and of the mean score with 95% intervals
 from a bootstrap that resamples each task's seeds alike for both arms, the tasks each leads on every seed, and on
 table30 the guard a candidate passes to become a default (`GUARD_IQM_FLOOR`, `GUARD_MUJOCO_SCORE`). The anchors' rows are
@@ -35,9 +35,10 @@ CleanRL's scripts run outside the project (a results CSV of their own, algo `cle
 `cleanrl_ppo` on MuJoCo; in table30 the PPO row scores the RPO runs of its tag on the control suite); then, per task,
 the wall time of each script's defaults over the anchor's at the same budget.
 
-Last, `<out>/flagship.png` when some script has `BASE_TAG` rows on the flagship task (`common.FLAGSHIP_ENV`): those
-configs' curves alone, one line per script and budget (on its fresh seeds where it has them), with the anchors' final
-evaluations there (`ANCHOR_TAG`) as points, for the README. `results.md` links every PNG it writes.
+Last, `<out>/flagship.png` when some script has rows of its defaults (`BASE_TAGS`) on the flagship task
+(`common.FLAGSHIP_ENV`): those configs' curves alone, one line per script and budget (on its fresh seeds where it has
+them), with the anchors' final evaluations there (`ANCHOR_TAG`) as points, for the README. `results.md` links every
+PNG it writes.
 
 `--readme-table` prints the README's results table instead and writes nothing: each script's defaults on the seeds
 `README_ROWS` names, beside CleanRL's PPO and RPO run on the same tasks, seeds and evaluation (`ANCHOR_TAG`).
@@ -309,13 +310,21 @@ def table30(groups: dict, reps: int = 2000, note: str = "") -> str:
 # candidate must pass to become a default (study 2026-12-01-walker-twenty-seeds, fixed before its runs): the interval of
 # its paired 30-task IQM difference ends above GUARD_IQM_FLOOR, and no MuJoCo task's mean score over its seeds is under
 # GUARD_MUJOCO_SCORE.
-BASE_TAG = "defaults-e56b79a"  # today's defaults
+# Each continuous script's defaults: the tag of the runs its script today learns like (bitwise). V-MPO's is the walker
+# study's winner, run as a candidate before it became the default.
+BASE_TAGS = {"ppo_continuous": "defaults-e56b79a", "vmpo_continuous": "init-log-std-1-rpo-decay"}
 # CleanRL at commit fe8d8a0, edited only for gymnasium 1.x and our final evaluation; its older tags compare with nothing
 ANCHOR_TAG = "cleanrl-fe8d8a0"
 ALGO_ANCHORED = ("ppo_continuous", "vmpo_continuous")  # the scripts an anchor's runs are compared with
 GUARD_IQM_FLOOR, GUARD_MUJOCO_SCORE = -0.1, 0.8
+
+
+def fmt_base_tags() -> str:
+    return ", ".join(f"`{tag}` for `{algo}.py`" for algo, tag in BASE_TAGS.items())
+
+
 PAIRED_HEADER = (
-    f"Paired comparisons: each config against its script's `{BASE_TAG}` (today's defaults), and each script's defaults"
+    f"Paired comparisons: each config against its script's defaults ({fmt_base_tags()}), and each script's defaults"
     f" against an anchor (`cleanrl_*` [{ANCHOR_TAG}]), by task and seed on the seeds both ran (the first n in common on"
     " every task); 95% intervals resample each task's seeds for both arms alike (2000 times). Guard (table30): the"
     f" IQM difference's interval ends above {GUARD_IQM_FLOOR} and every MuJoCo task's mean score is"
@@ -368,9 +377,9 @@ def paired_table(groups: dict, reps: int = 2000) -> str:
     bars = {(env, budget): common.PUBLISHED_8M[env][1] for env, budget in control} | common.MUJOCO_BARS
     configs = sorted({(algo, tag) for (_, algo, tag, _) in groups})
     ours = [c for c in configs if not c[0].startswith("cleanrl_")]
-    pairs = [(c, (c[0], BASE_TAG)) for c in ours if c[1] != BASE_TAG]
+    pairs = [(c, (c[0], BASE_TAGS[c[0]])) for c in ours if c[0] in BASE_TAGS and c[1] != BASE_TAGS[c[0]]]
     anchors = [c for c in configs if c[0].startswith("cleanrl_") and c[1] == ANCHOR_TAG]
-    pairs += [((algo, BASE_TAG), anchor) for anchor in anchors for algo in ALGO_ANCHORED]
+    pairs += [((algo, BASE_TAGS[algo]), anchor) for anchor in anchors for algo in ALGO_ANCHORED]
     lines = []
     for suite_name, suite in (("table22", control), ("mujoco", mujoco), ("table30", control + mujoco)):
         for a, b in pairs:
@@ -393,8 +402,9 @@ def paired_table(groups: dict, reps: int = 2000) -> str:
 
 
 WALLTIME_HEADER = (
-    f"Wall time at the same budget: the mean over seeds of each script's `{BASE_TAG}` runs (their evaluations every"
-    " 100k included) over the anchor's (its final evaluation included), per task\n\n"
+    "Wall time at the same budget: the mean over seeds of each script's defaults' runs"
+    f" ({fmt_base_tags()}; their evaluations every 100k included) over the anchor's (its final evaluation included),"
+    " per task\n\n"
     "| env | budget | anchor | " + " | ".join(f"`{algo}.py` / anchor" for algo in ALGO_ANCHORED) + " |\n|---|---|---|---|---|"
 )
 
@@ -405,7 +415,7 @@ def walltime_table(groups: dict) -> str:
     lines = []
     for (env, algo, tag, budget), anchor in sorted(seconds.items()):
         if algo.startswith("cleanrl_") and tag == ANCHOR_TAG:
-            ours = [seconds.get((env, a, BASE_TAG, budget)) for a in ALGO_ANCHORED]
+            ours = [seconds.get((env, a, BASE_TAGS[a], budget)) for a in ALGO_ANCHORED]
             ratios = ["" if x is None else f"{x / anchor:.2f}" for x in ours]
             lines.append(f"| {env} | {fmt_budget(budget)} | {algo} [{tag}] | " + " | ".join(ratios) + " |")
     return WALLTIME_HEADER + "\n" + "\n".join(lines) + "\n" if lines else ""
@@ -647,7 +657,7 @@ def sources_note(rows: list[tuple[str, list]], mixed: list[str]) -> str:
 
 
 # The README's results table (`--readme-table`): one row per task and budget, all of it from one code per column.
-# Our scripts' cells are today's defaults (`BASE_TAG`) on seeds 1-2, the seeds that chose the defaults (the flagship's
+# Our scripts' cells are today's defaults (`BASE_TAGS`) on seeds 1-2, the seeds that chose the defaults (the flagship's
 # cell: its 20 fresh seeds); the anchors' cells are CleanRL's scripts run outside the project on the same tasks, budget,
 # evaluation and seeds (`ANCHOR_TAG`): RPO beside the control suite, PPO beside MuJoCo. ppo_discrete.py's runs carry
 # run.py's default tag, in the first column. A cell is the mean ± std (population) of its seeds' final evaluations.
@@ -659,9 +669,9 @@ FLAGSHIP_SEEDS = tuple(range(101, 121))  # the flagship's 20 fresh seeds, on tod
 
 def readme_columns(env: str, anchor: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     """A row's cells: each continuous script's defaults and `anchor` on seeds 1-2; the flagship's on its 20 seeds."""
-    columns = {algo: (BASE_TAG, SEEDS_1_2) for algo in README_COLUMNS[:2]} | {anchor: (ANCHOR_TAG, SEEDS_1_2)}
+    columns = {algo: (BASE_TAGS[algo], SEEDS_1_2) for algo in README_COLUMNS[:2]} | {anchor: (ANCHOR_TAG, SEEDS_1_2)}
     if env == common.FLAGSHIP_ENV:
-        columns["vmpo_continuous"] = (BASE_TAG, FLAGSHIP_SEEDS)
+        columns["vmpo_continuous"] = (BASE_TAGS["vmpo_continuous"], FLAGSHIP_SEEDS)
     return columns
 
 
@@ -778,11 +788,11 @@ def plot_env(env: str, groups: dict, path: Path) -> None:
 
 
 def flagship_groups(groups: dict) -> dict:
-    """The flagship task's runs under each script's defaults (`BASE_TAG`), every budget: on the fresh seeds where a
+    """The flagship task's runs under each script's defaults (`BASE_TAGS`), every budget: on the fresh seeds where a
     script has them at that budget, else on the seeds that chose the defaults; and the anchors' runs (`ANCHOR_TAG`)."""
-    chosen = {}
-    for tag in (BASE_TAG, BASE_TAG + FRESH, ANCHOR_TAG):  # fresh seeds, after the others, replace them
-        chosen |= {k[:2] + k[3:]: k for k in groups if k[0] == common.FLAGSHIP_ENV and k[2] == tag}
+    defaults = {(algo, tag + fresh) for algo, tag in BASE_TAGS.items() for fresh in ("", FRESH)}
+    flagship = sorted((k for k in groups if k[0] == common.FLAGSHIP_ENV), key=lambda k: k[2].endswith(FRESH))
+    chosen = {k[:2] + k[3:]: k for k in flagship if k[1:3] in defaults or k[2] == ANCHOR_TAG}  # fresh seeds come last
     if all(k[2] == ANCHOR_TAG for k in chosen.values()):
         return {}  # no curve of ours to draw
     return {k: groups[k] for k in sorted(chosen.values())}

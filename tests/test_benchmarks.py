@@ -555,10 +555,12 @@ def test_report_pairs_each_config_with_todays_defaults_by_task_and_seed(tmp_path
     (its mean difference's interval is that constant) and passes the guard; B falls to 0.5 on Hopper-v5 (under 0.8) and
     fails it, naming the task. The IQM difference is checked against a trimmed mean written out here, and the interval
     against a bootstrap written out here (each task's seeds resampled alike for both arms)."""
-    from report import BASE_TAG
+    from report import BASE_TAGS
+
+    base_tag = BASE_TAGS["vmpo_continuous"]
 
     lines, scores = [], {}
-    for tag, shift, hopper in ((BASE_TAG, 0.0, None), ("A", 0.05, None), ("B", 0.0, (0.5, 0.5))):
+    for tag, shift, hopper in ((base_tag, 0.0, None), ("A", 0.05, None), ("B", 0.0, (0.5, 0.5))):
 
         def mujoco(t, env, hopper=hopper):
             return hopper if hopper and env == "Hopper-v5" else (0.9 + 0.1 * t, 1.0 + 0.05 * t)
@@ -572,13 +574,13 @@ def test_report_pairs_each_config_with_todays_defaults_by_task_and_seed(tmp_path
     rows = {tuple(r.strip("| ").split(" | ")[:2]): r.strip("| ").split(" | ") for r in md.splitlines() if "| vmpo" in r}
     rows = {k: v for k, v in rows.items() if k[0] in ("table22", "mujoco", "table30") and len(v) == 9}
     assert sorted(rows) == sorted((s, f"vmpo_continuous [{t}]") for s in ("table22", "mujoco", "table30") for t in "AB")
-    base = np.array(scores[BASE_TAG]).T  # (seeds, tasks)
+    base = np.array(scores[base_tag]).T  # (seeds, tasks)
     rng = np.random.default_rng(0)
     for (suite, name), cells in rows.items():
         x = np.array(scores[name[-2]]).T
         columns = {"table22": slice(0, 22), "mujoco": slice(22, 30), "table30": slice(0, 30)}[suite]
         x, y = x[:, columns], base[:, columns]
-        assert cells[2] == f"vmpo_continuous [{BASE_TAG}]" and cells[3] == "2"
+        assert cells[2] == f"vmpo_continuous [{base_tag}]" and cells[3] == "2"
         assert cells[4] == f"{trimmed_iqm(x):.3f} / {trimmed_iqm(y):.3f}"
         point, lo, hi = (float(v) for v in re.findall(r"[-+][\d.]+", cells[5]))
         assert point == pytest.approx(trimmed_iqm(x) - trimmed_iqm(y), abs=1e-3)
@@ -599,9 +601,10 @@ def test_report_sets_the_anchors_beside_todays_defaults(tmp_path, common):
     learning codes differ. table22 lists RPO, table30 lists PPO with RPO's control runs (not refused as mixed code), the
     paired section sets today's defaults against each on its suite, and the wall-time section gives ours over theirs.
     An anchor's runs of an older tag (a schedule since corrected) are listed and compared with nothing."""
-    from report import ANCHOR_TAG, BASE_TAG
+    from report import ANCHOR_TAG, BASE_TAGS
 
-    ours, scores = table30_runs(BASE_TAG, 0.9, lambda t, env: (1.0 + 0.1 * t, 1.2), common)
+    base_tag = BASE_TAGS["vmpo_continuous"]
+    ours, scores = table30_runs(base_tag, 0.9, lambda t, env: (1.0 + 0.1 * t, 1.2), common)
     (tmp_path / "ours.csv").write_text(RESULT_HEADER + "".join(ours))
     random, lines = common.random_returns(), []
     header = RESULT_HEADER.rstrip("\n") + ",commit,script,args_hash,versions\n"
@@ -625,7 +628,7 @@ def test_report_sets_the_anchors_beside_todays_defaults(tmp_path, common):
     anchor = np.array([0.8] * 22 + [0.7] * 8)
     for suite, against, columns in (("table22", "rpo", slice(0, 22)), ("mujoco", "ppo", slice(22, 30))):
         row = paired[(suite, f"cleanrl_{against} [{ANCHOR_TAG}]")]
-        assert row[1] == f"vmpo_continuous [{BASE_TAG}]"
+        assert row[1] == f"vmpo_continuous [{base_tag}]"
         assert row[6].startswith(f"{(x[:, columns] - anchor[columns]).mean():+.3f} [")
     assert paired[("table30", f"cleanrl_ppo [{ANCHOR_TAG}]")][6].startswith(f"{(x - anchor).mean():+.3f} [")
     assert not [key for key in paired if "cleanrl-old" in key[1]]
@@ -653,20 +656,21 @@ def test_report_scores_the_gaussian_everywhere_on_the_defaults_control_runs(tmp_
 
 
 def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path, common):
-    """flagship.png shows the walker/walk runs of each script's defaults (`BASE_TAG`) at each budget and the anchors'
-    runs there (`ANCHOR_TAG`), and nothing else: on the fresh seeds where a script has them at that budget. The table
-    shows the fresh seeds in a row of their own."""
+    """flagship.png shows the walker/walk runs of each script's defaults (its tag in `BASE_TAGS`) at each budget and
+    the anchors' runs there (`ANCHOR_TAG`), and nothing else: on the fresh seeds where a script has them at that budget.
+    The table shows the fresh seeds in a row of their own."""
     import report  # on the path with common
 
-    walker, lines, base = "dm_control/walker/walk", [], report.BASE_TAG
+    walker, lines, base = "dm_control/walker/walk", [], report.BASE_TAGS["vmpo_continuous"]
     drawn = {("ppo_continuous", 1_000_000), ("vmpo_continuous", 1_000_000), ("vmpo_continuous", 3_000_000)}
     for algo, budget in drawn:
         for seed in (1, 2):
-            lines += run_lines(algo, base, walker, seed, budget, 300.0 * seed)
+            lines += run_lines(algo, report.BASE_TAGS[algo], walker, seed, budget, 300.0 * seed)
     fresh = (common.FRESH_SEEDS_FROM, common.FRESH_SEEDS_FROM + 3)
     for seed in fresh:
         lines += run_lines("vmpo_continuous", base, walker, seed, 1_000_000, 10.0 * seed)
     lines += run_lines("vmpo_continuous", "lr 3e-4", walker, 1, 1_000_000, 100.0)  # another tag
+    lines += run_lines("vmpo_continuous", report.BASE_TAGS["ppo_continuous"], walker, 1, 2_000_000, 100.0)  # PPO's tag
     lines += run_lines("ppo_continuous", base, "dm_control/finger/spin", 1, 500_000, 100.0)  # another task
     for seed in (1, 2):
         lines += run_lines("cleanrl_rpo", report.ANCHOR_TAG, walker, seed, 1_000_000, 500.0)[-1:]  # a row a run

@@ -858,12 +858,13 @@ def test_policy_auto_trains_the_gaussian_on_the_control_suite_or_an_unbounded_bo
     explicit flags win; the Beta refuses an unbounded box and a Gaussian's flag."""
     module = importlib.import_module(name)
     choose = lambda space=BOUNDED, **kw: module.choose_policy(module.Args(**kw), space)[:3]  # noqa: E731
-    assert choose(env_id="dm_control/walker/walk") == ("gaussian", 0.5, 0.0)
+    log_std = {"ppo_continuous": 0.0, "vmpo_continuous": 1.0}[name]  # the Gaussian's start: std 1, V-MPO's e
+    assert choose(env_id="dm_control/walker/walk") == ("gaussian", 0.5, log_std)
     assert choose(env_id="dm_control/cartpole-swingup-v0", init_log_std=-0.5) == ("gaussian", 0.5, -0.5)
     for env_id in ("Ant-v5", "Pendulum-v1", "Probe4Continuous-v0", "MyCompany/Arm-v0"):
         assert choose(env_id=env_id) == ("beta", 0.2, None), env_id
-        assert choose(UNBOUNDED, env_id=env_id) == ("gaussian", 0.5, 0.0), env_id
-    assert choose(env_id="Ant-v5", policy="gaussian") == ("gaussian", 0.5, 0.0)
+        assert choose(UNBOUNDED, env_id=env_id) == ("gaussian", 0.5, log_std), env_id
+    assert choose(env_id="Ant-v5", policy="gaussian") == ("gaussian", 0.5, log_std)
     assert choose(env_id="dm_control/walker/walk", policy="beta", rpo_alpha=0.0) == ("beta", 0.0, None)
     with pytest.raises(module.ConfigError, match=r"^--policy beta needs a bounded action box; Foo-v0 has low \[-inf -inf\]"):
         choose(UNBOUNDED, env_id="Foo-v0", policy="beta")

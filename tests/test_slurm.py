@@ -125,25 +125,28 @@ def test_tune_dry_run_prints_n_workers_of_the_same_command(tmp_path):
     assert not journal.exists() and not (tmp_path / "out").exists(), "a dry run creates no study and writes nothing"
 
 
-def test_the_cluster_commands_of_the_benchmarks_readme(tmp_path):
-    """benchmarks/README.md's "On a cluster" commands: each script's submission is one array job of a task a run the
-    local runner would run (44: the 22-task table on seeds 1-2), its merge is the same selection, the report reads the
-    merged CSVs; the tune.py search is N workers of the command without --slurm, and its report command is that
+def test_the_cluster_commands_of_the_benchmarks_readme(tmp_path, monkeypatch):
+    """benchmarks/README.md's "On a cluster" commands: each script's submission, under its defaults' tag, is one array
+    job of a task a run the local runner would run (44: the 22-task table on seeds 1-2), its merge is the same selection,
+    the report reads the merged CSVs; the tune.py search is N workers of the command without --slurm, and its report command is that
     command."""
     text = (BENCH / "README.md").read_text().split("## On a cluster\n", 1)[1].split("\n## ", 1)[0]
     runs, search = re.findall(r"```bash\n(.*?)```", text, re.S)
     submit, merge, report = runs.splitlines()
-    loop = r"for algo in (.+); do python benchmarks/run\.py (.+); done"
-    (algos, submit_args), (merge_algos, merge_args) = re.fullmatch(loop, submit).groups(), re.fullmatch(loop, merge).groups()
-    assert algos == merge_algos == "ppo_continuous vmpo_continuous"
+    loop = r"for run in (.+); do set -- \$run; python benchmarks/run\.py (.+); done"
+    (pairs, submit_args), (merge_pairs, merge_args) = re.fullmatch(loop, submit).groups(), re.fullmatch(loop, merge).groups()
+    monkeypatch.syspath_prepend(str(BENCH))
+    from report import BASE_TAGS  # each script's defaults' tag
+
+    assert pairs == merge_pairs == " ".join(f'"{algo} {tag}"' for algo, tag in BASE_TAGS.items())
     assert merge_args == submit_args.replace(" --slurm --time 1:00:00", " --merge") != submit_args
     assert report == "python benchmarks/report.py benchmarks/results/{ppo_continuous,vmpo_continuous,anchors}.csv --out report"
-    for algo in algos.split():
-        args = [*submit_args.replace("$algo", algo).split(), "--out", tmp_path / f"{algo}.csv", "--dry-run"]
+    for algo, tag in BASE_TAGS.items():
+        args = [*submit_args.replace("$1", algo).replace("$2", tag).split(), "--out", tmp_path / f"{algo}.csv", "--dry-run"]
         local = bench("run.py", *[a for a in args if a not in ("--slurm", "--time", "1:00:00")], cwd=ROOT)
         job = bench("run.py", *args, cwd=ROOT)
         assert local.returncode == 0 and job.returncode == 0, local.stderr + job.stderr
-        todo = re.findall(r"^todo  \S+ \[defaults-e56b79a\] (\S+) seed (\d+) \((\d+) steps\)", local.stdout, re.M)
+        todo = re.findall(rf"^todo  \S+ \[{re.escape(tag)}\] (\S+) seed (\d+) \((\d+) steps\)", local.stdout, re.M)
         assert len(todo) == 44 and array_size(job.stdout) == 44
         assert sorted(todo) == sorted((t[0][6:], t[1][8:], t[2][9:]) for t in array_tasks(job.stdout))
         assert "\n#SBATCH --time=1:00:00\n" in job.stdout

@@ -197,27 +197,41 @@ def test_rpo_perturbation_shifts_the_mean_by_uniform_noise_and_alpha_0_draws_not
     assert V.rpo_perturbation(mean, 0.0) is mean and torch.equal(torch.get_rng_state(), state)
 
 
+def one_m_step(rpo_alpha: float, policy_lr: float = 1e-3, lr: float = 1e-3):
+    """One full-batch M-step from a fixed state and seed at --rpo-alpha and --policy-lr, the policy's learning rate
+    annealed to `lr`: the update's stats and the policy mean's weights after it."""
+    torch.manual_seed(5)
+    args = tiny_args(m_steps=1, num_minibatches=1, rpo_alpha=rpo_alpha, policy_lr=policy_lr)
+    agent = make_agent(3, box([-1.0, -1.0], [1.0, 1.0]), args)
+    duals = V.DualVariables(args.temperature_init, args.alpha_init)
+    optimizers = V.build_optimizers(agent, duals, args)
+    optimizers["model"].param_groups[0]["lr"] = lr
+    obs = torch.randn(128, 3)
+    with torch.no_grad():
+        mean, log_std, _ = gaussian_outputs(agent, obs)
+    batch = {"obs": obs, "u": torch.randn(128, 2), "params": torch.stack([mean + 0.1, log_std - 0.1], -2)}
+    batch |= {"advantages": torch.randn(128), "returns": torch.randn(128), "resets": torch.zeros(128)}
+    stats = V.vmpo_update(agent, duals, optimizers, batch, args)
+    return stats, agent.policy_head.mean.weight.detach().clone()
+
+
 def test_rpo_shift_moves_only_the_m_steps_likelihood():
     """One M-step from the same state with and without --rpo-alpha: the KL terms, the E-step and the entropy see the
     policy's own mean (equal), the likelihood its shifted one (the loss and the update differ)."""
-
-    def one_update(rpo_alpha: float):
-        torch.manual_seed(5)
-        args = tiny_args(m_steps=1, num_minibatches=1, rpo_alpha=rpo_alpha)
-        agent = make_agent(3, box([-1.0, -1.0], [1.0, 1.0]), args)
-        duals = V.DualVariables(args.temperature_init, args.alpha_init)
-        obs = torch.randn(128, 3)
-        with torch.no_grad():
-            mean, log_std, _ = gaussian_outputs(agent, obs)
-        batch = {"obs": obs, "u": torch.randn(128, 2), "params": torch.stack([mean + 0.1, log_std - 0.1], -2)}
-        batch |= {"advantages": torch.randn(128), "returns": torch.randn(128), "resets": torch.zeros(128)}
-        stats = V.vmpo_update(agent, duals, V.build_optimizers(agent, duals, args), batch, args)
-        return stats, agent.policy_head.mean.weight.detach().clone()
-
-    (plain, w_plain), (shifted, w_shifted) = one_update(0.0), one_update(0.5)
+    (plain, w_plain), (shifted, w_shifted) = one_m_step(0.0), one_m_step(0.5)
     for key in ("kl/mu", "kl/sigma", "losses/entropy", "vmpo/ess", "vmpo/temperature", "losses/value_loss"):
         assert plain[key] == shifted[key], key
     assert plain["losses/policy_loss"] != shifted["losses/policy_loss"] and not torch.equal(w_plain, w_shifted)
+
+
+def test_rpo_shift_shrinks_as_the_policys_learning_rate_anneals():
+    """alpha_k = alpha lr_k / lr_0: --rpo-alpha 0.5 with the learning rate annealed to half its start takes the same
+    M-step as --rpo-alpha 0.25 unannealed at that rate (the same noise, scaled alike), and not the step of 0.5."""
+    half = one_m_step(0.5, policy_lr=1e-3, lr=5e-4)
+    quarter = one_m_step(0.25, policy_lr=5e-4, lr=5e-4)
+    undecayed = one_m_step(0.5, policy_lr=5e-4, lr=5e-4)
+    assert half[0]["losses/policy_loss"] == quarter[0]["losses/policy_loss"] and torch.equal(half[1], quarter[1])
+    assert half[0]["losses/policy_loss"] != undecayed[0]["losses/policy_loss"] and not torch.equal(half[1], undecayed[1])
 
 
 def test_update_logs_the_kls_the_multipliers_bound_and_the_share_the_clip_cuts():
