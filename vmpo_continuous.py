@@ -609,8 +609,11 @@ def minibatches(fields: dict[str, torch.Tensor], num_minibatches: int, m_steps: 
         yield {key: column.reshape(-1, *field.shape[1:]) for (key, field), column in columns}
 
 
-def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dict, args: Args) -> dict[str, float]:
-    """One V-MPO iteration on a flat batch: E-step (one temperature step), then m_steps M-steps."""
+def vmpo_update(
+    agent: Agent, duals: DualVariables, optimizers: dict, batch: dict, args: Args, lr_scale: float = 1.0
+) -> dict[str, float]:
+    """One V-MPO iteration on a flat batch: E-step (one temperature step), then m_steps M-steps. `lr_scale` is the
+    learning rates' schedule this iteration, lr_k / lr_0 (1: not annealed)."""
     restarting = 1.0 - batch["resets"]  # the paper's restarting weights: 0 on reset steps, whose actions the env ignored
     advantages = normalize_advantages(batch["advantages"], restarting) if args.norm_adv else batch["advantages"]
     # ---- E-step: weights with the current temperature, then one dual step on it.
@@ -631,7 +634,7 @@ def vmpo_update(agent: Agent, duals: DualVariables, optimizers: dict, batch: dic
     # RPO's shift shrinks with the learning rate (a third as wide at 1M on the default schedule): it keeps the std wide
     # early and lets it narrow late, where the evaluated mean must walk on its own.
     # LaTeX: \alpha^{rpo}_k = \alpha^{rpo} \, \mathrm{lr}_k / \mathrm{lr}_0
-    rpo_alpha = args.rpo_alpha * optimizers["model"].param_groups[0]["lr"] / args.policy_lr
+    rpo_alpha = args.rpo_alpha * lr_scale
     for mb in minibatches(fields, args.num_minibatches, args.m_steps):
         params, values = agent(mb["obs"])
         losses = m_step_losses(family, params, values, mb, args.m_step, args.m_step_clip, rpo_alpha)
@@ -812,10 +815,9 @@ def train(args: Args) -> dict:
         for iteration in range(run.iteration + 1, num_iterations + 1):
             ctrl_c.check()
             tick = time.time()
-            if args.anneal_lr:
-                lr_scale = learning_rate_scale(iteration, num_iterations, batch_size, args.lr_horizon)
-                for group, lr in zip(optimizers["model"].param_groups, (args.policy_lr, args.value_lr), strict=True):
-                    group["lr"] = lr * lr_scale
+            lr_scale = learning_rate_scale(iteration, num_iterations, batch_size, args.lr_horizon) if args.anneal_lr else 1.0
+            for group, lr in zip(optimizers["model"].param_groups, (args.policy_lr, args.value_lr), strict=True):
+                group["lr"] = lr * lr_scale
             # ---- collect a rollout with the current policy
             torch.set_num_threads(1)  # batches of num_envs observations only lose to threading overhead
             next_obs, episodes = collect_rollout(acting_agent, run.envs, run.obs_rms, run.reward_scaler, next_obs, rollout)
@@ -833,7 +835,7 @@ def train(args: Args) -> dict:
             # ---- update
             torch.set_num_threads(threads)  # the batch's matrix products do use the cores
             try:
-                stats = vmpo_update(agent, run.duals, optimizers, batch, args)
+                stats = vmpo_update(agent, run.duals, optimizers, batch, args, lr_scale)
             except TrainingDiverged as e:
                 stopped = f"at global step {run.global_step + batch_size}; stopped"
                 raise TrainingDiverged(f"{e} {stopped}. Last good checkpoint: {last_checkpoint(run)}") from None
