@@ -404,20 +404,25 @@ def paired_table(groups: dict, reps: int = 2000) -> str:
 WALLTIME_HEADER = (
     "Wall time at the same budget: the mean over seeds of each script's defaults' runs"
     f" ({fmt_base_tags()}; their evaluations every 100k included) over the anchor's (its final evaluation included),"
-    " per task\n\n"
-    "| env | budget | anchor | " + " | ".join(f"`{algo}.py` / anchor" for algo in ALGO_ANCHORED) + " |\n|---|---|---|---|---|"
+    " per task, on runs of one CPU model (the rows' `cpu`: a ratio across machines would read the machines)\n\n"
+    "| env | budget | anchor | cpu | " + " | ".join(f"`{algo}.py` / anchor" for algo in ALGO_ANCHORED) + " |\n"
+    "|---|---|---|---|---|---|"
 )
 
 
 def walltime_table(groups: dict) -> str:
-    """The wall-time ratios of each script's defaults to an anchor's runs on the same task and budget; '' when none."""
-    seconds = {key: np.mean([runs[-1]["wall_time"] for runs in seeds.values()]) for key, seeds in groups.items()}
+    """The wall-time ratios of each script's defaults to an anchor's runs on the same task, budget and CPU model; ''
+    when none."""
+    seconds: dict[tuple, list[float]] = {}
+    for key, seeds in groups.items():
+        for runs in seeds.values():
+            seconds.setdefault((*key, runs[-1].get("cpu") or common.UNKNOWN), []).append(runs[-1]["wall_time"])
     lines = []
-    for (env, algo, tag, budget), anchor in sorted(seconds.items()):
+    for (env, algo, tag, budget, cpu), anchor in sorted(seconds.items()):
         if algo.startswith("cleanrl_") and tag == ANCHOR_TAG:
-            ours = [seconds.get((env, a, BASE_TAGS[a], budget)) for a in ALGO_ANCHORED]
-            ratios = ["" if x is None else f"{x / anchor:.2f}" for x in ours]
-            lines.append(f"| {env} | {fmt_budget(budget)} | {algo} [{tag}] | " + " | ".join(ratios) + " |")
+            ours = [seconds.get((env, a, BASE_TAGS[a], budget, cpu)) for a in ALGO_ANCHORED]
+            ratios = ["" if x is None else f"{np.mean(x) / np.mean(anchor):.2f}" for x in ours]
+            lines.append(f"| {env} | {fmt_budget(budget)} | {algo} [{tag}] | {cpu} | " + " | ".join(ratios) + " |")
     return WALLTIME_HEADER + "\n" + "\n".join(lines) + "\n" if lines else ""
 
 

@@ -633,7 +633,27 @@ def test_report_sets_the_anchors_beside_todays_defaults(tmp_path, common):
     assert paired[("table30", f"cleanrl_ppo [{ANCHOR_TAG}]")][6].startswith(f"{(x - anchor).mean():+.3f} [")
     assert not [key for key in paired if "cleanrl-old" in key[1]]
     walltime = [line for line in md.splitlines() if line.startswith("| Hopper-v5 | 1M | cleanrl_ppo")]
-    assert walltime == [f"| Hopper-v5 | 1M | cleanrl_ppo [{ANCHOR_TAG}] |  | 0.50 |"]  # 20 s against 40 s
+    assert walltime == [f"| Hopper-v5 | 1M | cleanrl_ppo [{ANCHOR_TAG}] | unknown |  | 0.50 |"]  # 20 s against 40 s
+
+
+def test_wall_time_ratios_set_runs_of_one_cpu_model_side_by_side():
+    """An anchor's runs on two machines: each is divided by ours on its own CPU model, or by nothing."""
+    from report import ANCHOR_TAG, BASE_TAGS, walltime_table
+
+    def runs(*seconds_cpu):
+        return {seed: [{"wall_time": s, "cpu": cpu}] for seed, (s, cpu) in enumerate(seconds_cpu, 1)}
+
+    env, budget = "dm_control/walker/walk", 1_000_000
+    groups = {
+        (env, "vmpo_continuous", BASE_TAGS["vmpo_continuous"], budget): runs((300, "Xeon"), (500, "Xeon"), (90, "EPYC")),
+        (env, "cleanrl_rpo", ANCHOR_TAG, budget): runs((800, "Xeon"), (1000, "EPYC"), (1200, "EPYC")),
+        (env, "cleanrl_rpo", "cleanrl-old", budget): runs((10, "Xeon")),
+    }
+    rows = [line for line in walltime_table(groups).splitlines() if line.startswith(f"| {env}")]
+    assert rows == [
+        f"| {env} | 1M | cleanrl_rpo [{ANCHOR_TAG}] | EPYC |  | 0.08 |",  # 90 s over the mean of 1000 s and 1200 s
+        f"| {env} | 1M | cleanrl_rpo [{ANCHOR_TAG}] | Xeon |  | 0.50 |",  # the mean of 300 s and 500 s over 800 s
+    ]
 
 
 def test_report_scores_the_gaussian_everywhere_on_the_defaults_control_runs(tmp_path, common):
