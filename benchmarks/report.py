@@ -481,7 +481,8 @@ SUCCESS_RETURN, SUCCESS_SHARE, Z_POWER = 700.0, 0.9, 1.959964 + 0.841621
 FINAL_HEADER = (
     "Final evaluations on more episodes (`run.py --final-episodes`): each run's last checkpoint evaluated again. A"
     f" dm_control run succeeds from every start when {SUCCESS_SHARE:.0%} of its episodes return {SUCCESS_RETURN:.0f}"
-    " or more. Each config against its algo's `defaults*` tag on the same task and budget: the difference of the"
+    " or more. Each config against its script's defaults on the same task and budget (its `BASE_TAGS` tag where it"
+    " ran there, else its most-run `defaults*` tag): the difference of the"
     " means over runs with its 95% bootstrap interval (runs resampled within each arm, 2000 times).\n\n"
     "| env | algo | tag | budget | runs (seeds) | episodes | mean ± std over runs | 95% CI of the mean |"
     " runs succeeding from every start | difference from defaults [95% CI] | args hash |\n"
@@ -508,8 +509,10 @@ def final_table(csvs: list[Path], reps: int = 2000) -> str:
     for (env, budget, algo, tag), runs in sorted(groups.items()):
         means = np.array([returns.mean() for _, returns, _ in runs])
         succeeding = [(returns >= SUCCESS_RETURN).mean() >= SUCCESS_SHARE for _, returns, _ in runs]
-        bases = [k for k in groups if k[:3] == (env, budget, algo) and k[3].startswith("defaults")]
-        base = max(bases, key=lambda k: len(groups[k]), default=None)
+        base = (env, budget, algo, BASE_TAGS.get(algo))  # today's defaults; else the algo's most-run `defaults*` tag
+        if base not in groups:
+            bases = [k for k in groups if k[:3] == (env, budget, algo) and k[3].startswith("defaults")]
+            base = max(bases, key=lambda k: len(groups[k]), default=None)
         versus = "base" if base and base[3] == tag else "-"
         if base and base[3] != tag:
             base_means = np.array([returns.mean() for _, returns, _ in groups[base]])

@@ -361,13 +361,11 @@ def test_report_table_and_curves(tmp_path):
 RESULT_HEADER = "algo,tag,env,seed,budget,step,wall_time,eval_return,eval_std\n"
 
 
-def test_report_compares_final_evaluations_with_the_defaults_and_says_its_power(tmp_path):
+def final_evaluation_rows(tmp_path: Path, episodes: dict) -> tuple[dict, str]:
+    """report.py on walker/walk `_final.csv` rows (tag -> each run's episode returns): the final-evaluation section's
+    rows by (env, algo, tag), and the section."""
     synthetic_results(tmp_path / "a.csv")
     env, fields = "dm_control/walker/walk", "algo,tag,env,seed,budget,step,episodes,return_mean,return_std,returns"
-    episodes = {  # tag -> each run's episode returns; a run succeeds from every start when 9 of its 10 reach 700
-        "defaults-abc": [[950.0] * 10, [950.0] * 8 + [100.0] * 2, [800.0] * 9 + [50.0], [600.0] * 10],
-        "bigger critic": [[990.0] * 10, [980.0] * 10, [700.0] * 9 + [0.0], [940.0] * 9 + [300.0]],
-    }
     lines = [f"{fields},commit,script,args_hash,versions"]
     for tag, runs in episodes.items():
         for seed, returns in enumerate(runs, start=101):
@@ -377,7 +375,16 @@ def test_report_compares_final_evaluations_with_the_defaults_and_says_its_power(
     proc = bench("report.py", tmp_path / "a.csv", "--out", tmp_path / "report")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     section = proc.stdout[proc.stdout.index("Final evaluations") :]
-    rows = table_rows(section[: section.index("Power")])
+    return table_rows(section[: section.index("Power")]), section
+
+
+def test_report_compares_final_evaluations_with_the_defaults_and_says_its_power(tmp_path):
+    env = "dm_control/walker/walk"
+    episodes = {  # tag -> each run's episode returns; a run succeeds from every start when 9 of its 10 reach 700
+        "defaults-abc": [[950.0] * 10, [950.0] * 8 + [100.0] * 2, [800.0] * 9 + [50.0], [600.0] * 10],
+        "bigger critic": [[990.0] * 10, [980.0] * 10, [700.0] * 9 + [0.0], [940.0] * 9 + [300.0]],
+    }
+    rows, section = final_evaluation_rows(tmp_path, episodes)
     base, other = (np.array([np.mean(r) for r in episodes[t]]) for t in episodes)
     assert rows[env, "vmpo_continuous", "defaults-abc"][5:10] == [
         "10",
@@ -394,6 +401,19 @@ def test_report_compares_final_evaluations_with_the_defaults_and_says_its_power(
     z = statistics.NormalDist().inv_cdf(0.975) + statistics.NormalDist().inv_cdf(0.8)
     assert f"mean of {z * np.sqrt(2 / 4) * base.std(ddof=1):.1f} " in section
     assert f"difference of {z * np.sqrt(2 * 0.5 * 0.5 * 4):.1f} in the runs" in section
+
+
+def test_final_evaluations_compare_with_todays_defaults_over_an_older_defaults_tag(tmp_path, common):
+    """Where the script's `BASE_TAGS` tag ran, it is the base, though an older `defaults*` tag has more runs."""
+    from report import BASE_TAGS
+
+    today = BASE_TAGS["vmpo_continuous"]
+    episodes = {"defaults-abc": [[500.0] * 10] * 4, today: [[800.0] * 10, [900.0] * 10], "candidate": [[700.0] * 10] * 2}
+    rows, _ = final_evaluation_rows(tmp_path, episodes)
+    env = "dm_control/walker/walk"
+    assert rows[env, "vmpo_continuous", today][9] == "base"
+    assert rows[env, "vmpo_continuous", "candidate"][9].startswith("-150.0 [")  # 700 against 850, not against 500
+    assert rows[env, "vmpo_continuous", "defaults-abc"][9].startswith("-350.0 [")
 
 
 def run_lines(algo: str, tag: str, env: str, seed: int, budget: int, final: float) -> list[str]:
