@@ -8,9 +8,15 @@ OUT=${OUT:-.gpu/out}
 mkdir -p "$OUT" /tmp/gpu
 tar -xJf .gpu/site.tar.xz -C /tmp/gpu || exit 1
 export PYTHONPATH=/tmp/gpu/site PYTHONUNBUFFERED=1 MKL_CBWR=AUTO,STRICT
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; python3 --version
-  python3 -c "import torch, gymnasium, dm_control, shimmy, envpool, tyro, mujoco; print('torch', torch.__version__)"
-} 2>&1 | tee "$OUT/machine.txt"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; python3 --version; } 2>&1 |
+  tee "$OUT/machine.txt"
+# A package that does not import would send the scripts to another backend (gymnasium's envs, not EnvPool's): stop.
+python3 -c "import torch, gymnasium, dm_control, shimmy, envpool, tyro, mujoco; print('torch', torch.__version__)" \
+  2>&1 | tee -a "$OUT/machine.txt"
+if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+  echo "gpu_check: the env stack does not import; rebuild it with tools/gpu_bundle.sh"
+  exit 1
+fi
 timeout 240 python3 -m pytest -q -k resumed_gpu_run tests/test_cli_contract.py 2>&1 | tee "$OUT/pytest.log"
 for round in 1 2; do
   for device in --cuda --no-cuda; do
