@@ -799,11 +799,15 @@ def plot_env(env: str, groups: dict, path: Path) -> None:
 
 
 def flagship_groups(groups: dict) -> dict:
-    """The flagship task's runs under each script's defaults (`BASE_TAGS`), every budget: on the fresh seeds where a
-    script has them at that budget, else on the seeds that chose the defaults; and the anchors' runs (`ANCHOR_TAG`)."""
-    defaults = {(algo, tag + fresh) for algo, tag in BASE_TAGS.items() for fresh in ("", FRESH)}
-    flagship = sorted((k for k in groups if k[0] == common.FLAGSHIP_ENV), key=lambda k: k[2].endswith(FRESH))
-    chosen = {k[:2] + k[3:]: k for k in flagship if k[1:3] in defaults or k[2] == ANCHOR_TAG}  # fresh seeds come last
+    """The flagship task's runs under each script's defaults (`BASE_TAGS`, and V-MPO's `FLAGSHIP_TAG`), every budget: on
+    the fresh seeds where a script has them at that budget (`FLAGSHIP_TAG`'s before any other), else on the seeds that
+    chose the defaults; and the anchors' runs (`ANCHOR_TAG`)."""
+    tags = set(BASE_TAGS.items()) | {("vmpo_continuous", FLAGSHIP_TAG)}
+    defaults = {(algo, tag + fresh) for algo, tag in tags for fresh in ("", FRESH)}
+    flagship = sorted(
+        (k for k in groups if k[0] == common.FLAGSHIP_ENV), key=lambda k: (k[2].endswith(FRESH), k[2] == FLAGSHIP_TAG + FRESH)
+    )
+    chosen = {k[:2] + k[3:]: k for k in flagship if k[1:3] in defaults or k[2] == ANCHOR_TAG}  # the one kept comes last
     if all(k[2] == ANCHOR_TAG for k in chosen.values()):
         return {}  # no curve of ours to draw
     return {k: groups[k] for k in sorted(chosen.values())}
