@@ -668,7 +668,8 @@ def sources_note(rows: list[tuple[str, list]], mixed: list[str]) -> str:
 # Our scripts' cells are today's defaults (`BASE_TAGS`) on seeds 1-2, the seeds that chose the defaults (the flagship's
 # cell: `FLAGSHIP_TAG` on its 20 fresh seeds); the anchors' cells are CleanRL's scripts run outside the project on the
 # same tasks, budget, evaluation and seeds (`ANCHOR_TAG`): RPO beside the control suite, PPO beside MuJoCo.
-# ppo_discrete.py's runs carry run.py's default tag, in the first column. A cell is the mean ± std (population) of its seeds' final evaluations.
+# ppo_discrete.py's runs carry run.py's default tag, in the first column. A cell is the mean ± std (population) of its
+# seeds' final evaluations.
 README_COLUMNS = ("ppo_continuous", "vmpo_continuous", "cleanrl_ppo", "cleanrl_rpo")
 README_COLUMN_OF = {algo: i for i, algo in enumerate(README_COLUMNS)} | {"ppo_discrete": 0}
 SEEDS_1_2 = (1, 2)
