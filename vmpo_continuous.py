@@ -22,6 +22,7 @@ import ctypes
 import dataclasses
 import importlib.util
 import io
+import itertools
 import math
 import os
 import re
@@ -156,6 +157,10 @@ class Args:
     """normalize observations with running statistics shared by all training envs (off: the paper's raw observations)"""
     reward_scaling: bool = True
     """divide rewards by the running std of each env's discounted return (PPO's reward scaling; off: the paper's)"""
+    train_episode_steps: int | None = 125
+    """the time limit of the first half of the training envs where the env's own is longer: more starts per step, so
+    more practice at getting up from the start's fall (a truncation, bootstrapped), while the other half keeps the env's
+    own and sees what comes later; evaluation keeps the env's own (None: the env's own everywhere, the paper's)"""
 
 
 SCRIPT = "vmpo_continuous"  # written into every checkpoint, so another script's files are recognised
@@ -973,17 +978,21 @@ def check_video(env_id: str, gl_backend: str | None) -> None:
         raise ConfigError(f"--capture-video: {env_id} draws no rgb frames (render() returned {type(frame).__name__})")
 
 
-def make_vector_env(args: Args, num_envs: int, seed: int, render_first: bool = False) -> gym.vector.VectorEnv:
-    """The official envs: flat observations, NEXT_STEP autoreset, episode statistics, env 0 rendering with `render_first`."""
+def make_vector_env(
+    args: Args, num_envs: int, seed: int, render_first: bool = False, limits: list[int | None] | None = None
+) -> gym.vector.VectorEnv:
+    """The official envs: flat observations, NEXT_STEP autoreset, episode statistics, env 0 rendering with `render_first`;
+    env i's time limit `limits[i]` where given, else --max-episode-steps."""
 
-    def make_env(render: bool) -> gym.Env:
-        limit = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
+    def make_env(render: bool, steps: int | None) -> gym.Env:
+        limit = {} if steps is None else {"max_episode_steps": steps}
         env = gym.make(resolve_env_id(args.env_id), **limit, **({"render_mode": "rgb_array"} if render else {}))
         if not (isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) == 1):
             env = gym.wrappers.FlattenObservation(env)  # dm_control's Dict observations
         return env
 
-    thunks = [lambda render=(render_first and i == 0): make_env(render) for i in range(num_envs)]
+    limits = limits or [args.max_episode_steps] * num_envs
+    thunks = [lambda render=(render_first and i == 0), steps=limits[i]: make_env(render, steps) for i in range(num_envs)]
     envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     envs.action_space.seed(seed)
@@ -1052,52 +1061,66 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
 
-    def __init__(self, task_id: str, official: gym.Env, num_envs: int, num_threads: int, max_episode_steps: int | None):
-        self.task_id, self.num_envs, self.num_threads = task_id, num_envs, num_threads
-        self.limit = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+    def __init__(self, task_id: str, official: gym.Env, limits: list[int | None], num_threads: int):
+        self.task_id, self.num_envs, self.num_threads = task_id, len(limits), num_threads
+        self.groups = [(len(list(run)), limit) for limit, run in itertools.groupby(limits)]  # one pool per run of a limit
+        num_envs = self.num_envs
         space = official.observation_space
         self.keys = list(space.keys()) if isinstance(space, gym.spaces.Dict) else None
         self.single_observation_space = gym.spaces.flatten_space(space) if self.keys else space
         self.single_action_space = official.action_space
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
-        self.pool, self.prev_done = None, np.zeros(num_envs, dtype=bool)
+        self.pools, self.prev_done = None, np.zeros(num_envs, dtype=bool)
 
     def flatten(self, obs) -> np.ndarray:
-        return obs if self.keys is None else np.concatenate([obs[key].reshape(self.num_envs, -1) for key in self.keys], axis=1)
+        return obs if self.keys is None else np.concatenate([obs[key].reshape(len(obs[key]), -1) for key in self.keys], axis=1)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
-        if self.pool is None or seed is not None:  # EnvPool 1.2.0 takes its seed when it is made: a new seed, a new pool
+        if self.pools is None or seed is not None:  # EnvPool 1.2.0 takes its seed when it is made: a new seed, a new pool
             import envpool
 
             self.close_extras()
-            kwargs = dict(num_envs=self.num_envs, seed=seed or 0, num_threads=self.num_threads, **self.limit)
-            self.pool = envpool.make(self.task_id, env_type="gymnasium", **kwargs)
-        obs, _ = self.pool.reset()
+            self.pools = []
+            for g, (n, limit) in enumerate(self.groups):
+                steps = {} if limit is None else {"max_episode_steps": limit}
+                kwargs = dict(num_envs=n, seed=(seed or 0) + 7919 * g, num_threads=min(self.num_threads, n), **steps)
+                self.pools.append(envpool.make(self.task_id, env_type="gymnasium", **kwargs))
+        obs = np.concatenate([self.flatten(pool.reset()[0]) for pool in self.pools])
         self.prev_done[:] = False
-        return self.flatten(obs), {}
+        return obs, {}
 
     def step(self, actions: np.ndarray):
-        obs, reward, terminated, truncated, _ = self.pool.step(np.asarray(actions, dtype=np.float64))
+        cuts = np.cumsum([n for n, _ in self.groups])[:-1]
+        outs = [
+            pool.step(a) for pool, a in zip(self.pools, np.split(np.asarray(actions, dtype=np.float64), cuts), strict=True)
+        ]
+        obs = np.concatenate([self.flatten(out[0]) for out in outs])
+        reward, terminated, truncated = (np.concatenate([out[i] for out in outs]) for i in (1, 2, 3))
         reward = np.where(self.prev_done, 0.0, reward)
         self.prev_done = terminated | truncated
-        return self.flatten(obs), reward, terminated, truncated, {}
+        return obs, reward, terminated, truncated, {}
 
     def close_extras(self, **kwargs) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
+        for pool in self.pools or []:
+            pool.close()
+        self.pools = None
 
 
 def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.VectorEnv:
     """The training envs of --env-backend, with NEXT_STEP resets and episode statistics on both backends."""
     backend = choose_env_backend(args)[0] if args.env_backend == "auto" else args.env_backend
+    limits = [args.max_episode_steps] * args.num_envs
+    if args.train_episode_steps is not None:  # a truncation, bootstrapped like the official limit's; never longer than it
+        own = gym.spec(resolve_env_id(args.env_id)).max_episode_steps  # Reacher-v5 50, Pusher-v5 100; dm_control: None
+        limit = min(n for n in (args.train_episode_steps, args.max_episode_steps, own) if n is not None)
+        limits[: args.num_envs // 2] = [limit] * (args.num_envs // 2)  # the first half; the rest keep the env's own
     if backend == "gymnasium":
-        return make_vector_env(args, args.num_envs, seed)
+        return make_vector_env(args, args.num_envs, seed, limits=limits)
     gym_id = resolve_env_id(args.env_id)
     task_id, threads = envpool_task_id(gym_id), min(threads, args.num_envs)
     with gym.make(gym_id) as official:
-        envs = EnvPoolVectorEnv(task_id, official, args.num_envs, threads, args.max_episode_steps)
+        envs = EnvPoolVectorEnv(task_id, official, limits, threads)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     envs.action_space.seed(seed)
     return envs
@@ -1257,6 +1280,7 @@ def check_args(args: Args, gl_backend: str | None) -> tuple[str, float, float | 
     require(0.0 < args.topk_fraction <= 1.0, "topk_fraction", "in (0, 1]")
     require(0.0 < args.m_step_clip < 1.0, "m_step_clip", "in (0, 1)")
     require(args.max_episode_steps is None or args.max_episode_steps >= 1, "max_episode_steps", ">= 1")
+    require(args.train_episode_steps is None or args.train_episode_steps >= 1, "train_episode_steps", ">= 1")
     sizes = args.policy_hidden_sizes + args.value_hidden_sizes
     require(min(sizes, default=1) >= 1, "policy_hidden_sizes", "positive integers, as --value-hidden-sizes")
     batch = args.num_envs * args.num_steps

@@ -310,9 +310,10 @@ def table30(groups: dict, reps: int = 2000, note: str = "") -> str:
 # candidate must pass to become a default (study 2026-12-01-walker-twenty-seeds, fixed before its runs): the interval of
 # its paired 30-task IQM difference ends above GUARD_IQM_FLOOR, and no MuJoCo task's mean score over its seeds is under
 # GUARD_MUJOCO_SCORE.
-# Each continuous script's defaults: the tag of the runs its script today learns like (bitwise). V-MPO's is the walker
-# study's winner, run as a candidate before it became the default.
-BASE_TAGS = {"ppo_continuous": "defaults-e56b79a", "vmpo_continuous": "init-log-std-1-rpo-decay"}
+# Each continuous script's defaults: the tag of the runs its script today learns like (bitwise). V-MPO's is the
+# short-training-episodes study's winner (half the training envs at 125 steps), run as a candidate before it became the
+# default.
+BASE_TAGS = {"ppo_continuous": "defaults-e56b79a", "vmpo_continuous": "half-train-episode-steps-125"}
 # CleanRL at commit fe8d8a0, edited only for gymnasium 1.x and our final evaluation; its older tags compare with nothing
 ANCHOR_TAG = "cleanrl-fe8d8a0"
 ALGO_ANCHORED = ("ppo_continuous", "vmpo_continuous")  # the scripts an anchor's runs are compared with
@@ -673,10 +674,9 @@ def sources_note(rows: list[tuple[str, list]], mixed: list[str]) -> str:
 README_COLUMNS = ("ppo_continuous", "vmpo_continuous", "cleanrl_ppo", "cleanrl_rpo")
 README_COLUMN_OF = {algo: i for i, algo in enumerate(README_COLUMNS)} | {"ppo_discrete": 0}
 SEEDS_1_2 = (1, 2)
-# The flagship's cell: its defaults on 20 fresh seeds that chose nothing (seeds 101-120 chose the default among seven),
-# run at a commit whose script learns bitwise as the default's rows do; its own tag, as report.py refuses one tag's rows
-# from two scripts' texts.
-FLAGSHIP_TAG, FLAGSHIP_SEEDS = "defaults-68a1419", tuple(range(121, 141))
+# The flagship's cell: its defaults on 20 fresh seeds that chose nothing (seeds 121-140 chose the default against the
+# previous one), run at the commit of the default's other rows.
+FLAGSHIP_TAG, FLAGSHIP_SEEDS = "half-train-episode-steps-125", tuple(range(161, 181))
 
 
 def readme_columns(env: str, anchor: str) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -801,8 +801,8 @@ def plot_env(env: str, groups: dict, path: Path) -> None:
 
 def flagship_groups(groups: dict) -> dict:
     """The flagship task's runs under each script's defaults (`BASE_TAGS`, and V-MPO's `FLAGSHIP_TAG`), every budget: on
-    the fresh seeds where a script has them at that budget (`FLAGSHIP_TAG`'s before any other), else on the seeds that
-    chose the defaults; and the anchors' runs (`ANCHOR_TAG`)."""
+    the fresh seeds where a script has them at that budget (`FLAGSHIP_TAG`'s before any other, on `FLAGSHIP_SEEDS`
+    alone where it has them), else on the seeds that chose the defaults; and the anchors' runs (`ANCHOR_TAG`)."""
     tags = set(BASE_TAGS.items()) | {("vmpo_continuous", FLAGSHIP_TAG)}
     defaults = {(algo, tag + fresh) for algo, tag in tags for fresh in ("", FRESH)}
     flagship = sorted(
@@ -811,7 +811,12 @@ def flagship_groups(groups: dict) -> dict:
     chosen = {k[:2] + k[3:]: k for k in flagship if k[1:3] in defaults or k[2] == ANCHOR_TAG}  # the one kept comes last
     if all(k[2] == ANCHOR_TAG for k in chosen.values()):
         return {}  # no curve of ours to draw
-    return {k: groups[k] for k in sorted(chosen.values())}
+
+    def drawn_seeds(k: tuple) -> dict:  # FLAGSHIP_TAG's fresh runs may hold the seeds of the study that chose it
+        readme_cell = {s: runs for s, runs in groups[k].items() if s in FLAGSHIP_SEEDS}
+        return readme_cell if k[1:3] == ("vmpo_continuous", FLAGSHIP_TAG + FRESH) and readme_cell else groups[k]
+
+    return {k: drawn_seeds(k) for k in sorted(chosen.values())}
 
 
 def plot_flagship(groups: dict, path: Path) -> None:

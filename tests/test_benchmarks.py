@@ -736,8 +736,9 @@ def test_report_draws_the_flagship_defaults_beside_rpo(tmp_path, common):
 
 
 def test_the_flagship_plot_draws_the_readme_cells_seeds(tmp_path, common):
-    """Where V-MPO's walker has runs under both its defaults' tag and `FLAGSHIP_TAG` on fresh seeds, flagship.png draws
-    the latter: the seeds the README's cell reads. Written first in the CSV, so file order alone would not pick them."""
+    """Where V-MPO's walker has fresh-seed runs under its defaults' tag and `FLAGSHIP_TAG`, and `FLAGSHIP_TAG`'s on seeds
+    besides `FLAGSHIP_SEEDS` (a study's, that chose it), flagship.png draws `FLAGSHIP_SEEDS` alone: the seeds the
+    README's cell reads. Written first in the CSV, so file order alone would not pick them."""
     import report  # on the path with common
 
     walker, lines = "dm_control/walker/walk", []
@@ -745,6 +746,7 @@ def test_the_flagship_plot_draws_the_readme_cells_seeds(tmp_path, common):
         lines += run_lines("vmpo_continuous", report.FLAGSHIP_TAG, walker, seed, 1_000_000, 10.0 * seed)
     for seed in (common.FRESH_SEEDS_FROM, common.FRESH_SEEDS_FROM + 1):
         lines += run_lines("vmpo_continuous", report.BASE_TAGS["vmpo_continuous"], walker, seed, 1_000_000, 10.0 * seed)
+        lines += run_lines("vmpo_continuous", report.FLAGSHIP_TAG, walker, seed + 2, 1_000_000, 10.0 * seed)
     (tmp_path / "f.csv").write_text(RESULT_HEADER + "".join(lines))
     groups = report.flagship_groups(report.group_runs(common.read_results([tmp_path / "f.csv"])))
     assert list(groups) == [(walker, "vmpo_continuous", report.FLAGSHIP_TAG + report.FRESH, 1_000_000)]

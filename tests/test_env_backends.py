@@ -9,6 +9,7 @@ trains on gymnasium and says so; checkpoints keep the backend.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from pathlib import Path
 
@@ -51,6 +52,14 @@ def dm_control_ids() -> list[str]:
 # ---------------------------------------------------------------------------------
 
 
+def envpool_adapter(module, task_id: str, official: gym.Env, num_envs: int):
+    """`module`'s EnvPool adapter over `num_envs` envs at the official time limit, one thread (V-MPO's takes a limit
+    per env, for its training envs' two limits; the PPO scripts' one for all)."""
+    if "limits" in inspect.signature(module.EnvPoolVectorEnv).parameters:
+        return module.EnvPoolVectorEnv(task_id, official, [None] * num_envs, 1)
+    return module.EnvPoolVectorEnv(task_id, official, num_envs, 1, None)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_dm_control_task_of_envpool_is_reached_and_laid_out_as_the_official_env(name):
     """EnvPool keeps dm_control's key order and adds keys to some tasks (finger/spin); shimmy sorts the keys."""
@@ -61,7 +70,7 @@ def test_every_dm_control_task_of_envpool_is_reached_and_laid_out_as_the_officia
     assert set(ported) == envpool_dmc, "an EnvPool dm_control task no official id maps to"
     for task_id, gym_id in sorted(ported.items()):
         with gym.make(gym_id) as official:
-            envs = module.EnvPoolVectorEnv(task_id, official, 2, 1, None)
+            envs = envpool_adapter(module, task_id, official, 2)
             space = official.observation_space
         raw_pool = envpool.make_gymnasium(task_id, num_envs=2, seed=0, num_threads=1)  # the adapter's seed, its own pool
         raw_space = raw_pool.observation_space
@@ -155,7 +164,7 @@ def real_observations(task_id: str, seed: int, actions: np.ndarray) -> np.ndarra
     """EnvPool's own observations for `actions` with no time limit in reach: the real ones after step 5 too."""
     gym.register_envs(shimmy)
     with gym.make("dm_control/walker-walk-v0") as official:
-        pool = importlib.import_module("vmpo_continuous").EnvPoolVectorEnv(task_id, official, actions.shape[1], 1, None)
+        pool = envpool_adapter(importlib.import_module("vmpo_continuous"), task_id, official, actions.shape[1])
     pool.reset(seed=seed)
     observations = [pool.step(a)[0] for a in actions]
     pool.close()
@@ -223,6 +232,44 @@ def test_short_episodes_on_envpool_train_no_reset_step_and_bootstrap_from_the_fi
 # ---------------------------------------------------------------------------------
 # Runs on EnvPool: same seed, same numbers; evaluation on the official env; the backend is kept
 # ---------------------------------------------------------------------------------
+
+
+def first_truncations(envs: gym.vector.VectorEnv, most: int) -> list[int | None]:
+    """Per env, the step of its first truncation after a reset, within `most` steps (None: not yet); no env terminates."""
+    envs.reset(seed=3)
+    actions, first = np.zeros(envs.action_space.shape, dtype=np.float32), [None] * envs.num_envs
+    for step in range(1, most + 1):
+        _, _, terminated, truncated, _ = envs.step(actions)
+        assert not terminated.any()
+        first = [step if f is None and t else f for f, t in zip(first, truncated, strict=True)]
+    return first
+
+
+@pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
+def test_half_the_training_envs_end_episodes_at_train_episode_steps_and_evaluation_keeps_the_official_limit(backend, tmp_path):
+    """--train-episode-steps truncates the first half of the training envs (walker: 1,000 steps officially; the rest keep
+    it), never lengthens an env's own shorter limit (Reacher-v5: 50), yields to a shorter --max-episode-steps (then on
+    every env), and leaves the evaluation envs alone; None keeps the env's own everywhere."""
+    module = importlib.import_module("vmpo_continuous")
+    cases = [  # (env, extra flags, each of 4 envs' first truncation within 60 steps)
+        ("dm_control/walker/walk", [], [None] * 4),  # the default, 125, ends no episode in 60 steps
+        ("dm_control/walker/walk", ["--train-episode-steps", "7"], [7, 7, None, None]),
+        ("Reacher-v5", ["--train-episode-steps", "125"], [50] * 4),
+        ("dm_control/walker/walk", ["--train-episode-steps", "7", "--max-episode-steps", "4"], [4] * 4),
+        ("dm_control/walker/walk", ["--train-episode-steps", "None", "--max-episode-steps", "9"], [9] * 4),
+    ]
+    for env_id, extra, expected in cases:
+        _, args = tiny_args(
+            "vmpo_continuous", tmp_path, "--env-id", env_id, "--env-backend", backend, "--num-envs", "4", *extra
+        )
+        envs = module.make_training_envs(args, seed=1)
+        assert first_truncations(envs, 60) == expected, (env_id, extra)
+        envs.close()
+    walker = tiny_args("vmpo_continuous", tmp_path, "--env-id", "dm_control/walker/walk", "--train-episode-steps", "7")[1]
+    assert module.Args().train_episode_steps == 125
+    evaluation = module.make_vector_env(walker, 2, seed=1)  # the evaluation envs: walker's own 1,000 steps
+    assert first_truncations(evaluation, 1000) == [1000, 1000]
+    evaluation.close()
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1077,6 +1077,7 @@ def test_resume_continues_in_a_new_run_dir_and_nan_stops_with_last_good_checkpoi
         (dict(epsilon_sigma=0.0), r"--epsilon-sigma must be > 0"),
         (dict(total_timesteps=10), r"--total-timesteps must be >= num_envs \* num_steps \(64\), got 10"),
         (dict(m_step_clip=1.0), r"--m-step-clip must be in \(0, 1\), got 1.0"),
+        (dict(train_episode_steps=0), r"--train-episode-steps must be >= 1, got 0"),
         (
             dict(num_envs=1, num_steps=1, total_timesteps=1, topk_fraction=0.5, num_minibatches=1),
             r"--topk-fraction must be >= 1 / \(num_envs \* num_steps\) to select a sample, got 0.5",
@@ -1098,7 +1099,7 @@ def test_bad_input_message(overrides, message, tmp_path):
 OPTIONS = [
     dict(m_step="seed"),
     dict(m_step="seed", rpo_alpha=0.0, gae_lambda=1.0, anneal_lr=False, ppo_like_backbone=False, norm_obs=False),  # the
-    dict(reward_scaling=False, m_step="seed", rpo_alpha=0.0),  # paper's, over these two rows
+    dict(reward_scaling=False, m_step="seed", rpo_alpha=0.0, train_episode_steps=None),  # paper's, over these two rows
     dict(ppo_like_backbone=False),
     dict(gae_lambda=1.0),
     dict(gae_lambda=0.0),
@@ -1110,6 +1111,7 @@ OPTIONS = [
     dict(lr_horizon=0),
     dict(lr_horizon=64),
     dict(rpo_alpha=0.0),
+    dict(train_episode_steps=7),
 ]
 
 
