@@ -441,7 +441,7 @@ class Rollout:
 
 @torch.inference_mode()
 def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.Tensor, buf: Rollout) -> tuple:
-    """Fill `buf`; return the next observation and the finished episodes (env steps into the rollout, return, length)."""
+    """Fill `buf`; return the next observation and the finished episodes (env steps into the rollout, env, return, length)."""
     num_steps, num_envs = buf.rewards.shape
     prev_done = (torch.maximum(buf.terminated[-1], buf.truncated[-1]) > 0).cpu().numpy()  # zeros before the first
     episodes = []
@@ -459,7 +459,7 @@ def collect_rollout(agent: Agent, envs, obs_rms, scale_reward, next_obs: torch.T
         for field, data in ((buf.rewards, reward), (buf.terminated, terminated), (buf.truncated, truncated)):
             field[step] = torch.as_tensor(data, dtype=torch.float32)
         for i in np.flatnonzero(infos.get("_episode", [])):
-            episodes.append(((step + 1) * num_envs, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
+            episodes.append(((step + 1) * num_envs, i, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
     buf.values[:] = agent.value(buf.obs)  # V(s_t) of the whole rollout in one pass, not a call per step
     return next_obs, episodes
 
@@ -813,6 +813,9 @@ def train(args: Args) -> dict:
         rounded = f"--total-timesteps {args.total_timesteps} rounded down to whole rollouts of {batch_size} steps"
         print(f"training to step {end_step}: {rounded}")
     recent_returns = deque(maxlen=20)
+    # The training return is the env's own episode's (the published tables' measure): the capped envs' episodes, which
+    # end at --train-episode-steps, are left out of it.
+    first_uncapped = args.num_envs // 2 if args.train_episode_steps is not None else 0
     train_time, trained_steps = 0.0, 0
     save_checkpoint(run, "last")  # _last always holds the last completed update: Ctrl-C loses only unfinished work
     ctrl_c = DeferredCtrlC()
@@ -827,7 +830,9 @@ def train(args: Args) -> dict:
             torch.set_num_threads(1)  # batches of num_envs observations only lose to threading overhead
             next_obs, episodes = collect_rollout(acting_agent, run.envs, run.obs_rms, run.reward_scaler, next_obs, rollout)
             ctrl_c.check()  # the rollout is dropped: _last holds the update before it
-            for offset, episode_return, episode_length in episodes:
+            for offset, env, episode_return, episode_length in episodes:
+                if env < first_uncapped:
+                    continue
                 recent_returns.append(episode_return)
                 writer.add_scalar("charts/episodic_return", episode_return, run.global_step + offset)
                 writer.add_scalar("charts/episodic_length", episode_length, run.global_step + offset)

@@ -32,7 +32,8 @@ DEFAULT_TAG = "default"
 # One row per evaluation of one run. `wall_time` is seconds since the run's first
 # TensorBoard event (the script opening its writer), so it includes the evaluations.
 # train_return: the mean return of the last 10 training episodes that ended by the evaluation's step (the measure of
-# published training curves), empty when none had ended or in rows written before the column existed.
+# published training curves), empty when none had ended, in rows written before the column existed, or in rows of runs
+# whose logged episodes mixed in those cut short by --train-episode-steps (before the script left them out).
 # Which code made a row, the same on every row of a run: `commit`, the script's repository at the run's start
 # (`git rev-parse HEAD`, `-dirty` when tracked files had uncommitted changes); `script`, the git blob id of the script
 # file that ran (what `git hash-object` prints; names the code exactly even on a dirty tree); `args_hash`, the

@@ -272,6 +272,20 @@ def test_half_the_training_envs_end_episodes_at_train_episode_steps_and_evaluati
     evaluation.close()
 
 
+@pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
+def test_the_training_return_counts_only_the_episodes_of_the_envs_that_keep_their_own_limit(backend, tmp_path):
+    """The capped envs' episodes (7 steps here) stay out of charts/episodic_return and the console's return: the
+    logged episodes are the uncapped half's, 20 steps each (--max-episode-steps standing in for the env's own)."""
+    module, args = tiny_args(
+        "vmpo_continuous", tmp_path, "--env-id", "dm_control/walker/walk", "--env-backend", backend, "--num-envs", "4",
+        "--num-steps", "64", "--total-timesteps", "256", "--train-episode-steps", "7", "--max-episode-steps", "20",
+    )  # fmt: skip
+    scalars = read_scalars(module.train(args)["run_dir"])
+    lengths = [length for _, length in scalars["charts/episodic_length"]]
+    assert lengths == [20.0] * 2 * (64 // 20), lengths  # 2 uncapped envs, 3 whole episodes each in 64 steps
+    assert len(scalars["charts/episodic_return"]) == len(lengths)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_envpool_runs_repeat_bit_for_bit_and_evaluate_on_the_official_env(name, tmp_path, capsys):
     module, _ = tiny_args(name, tmp_path)
