@@ -922,10 +922,15 @@ def evaluate(run: Run, video_name: str | None = None) -> np.ndarray:
     """The deterministic policy's returns (its mean action), then the sampled policy's from the same starts; logs `eval/*`."""
     family = run.agent.policy_head
     noise = torch.Generator(device=run.device).manual_seed(run.args.seed + run.global_step)  # training's RNG untouched
-    returns, lengths = run_episodes(run, lambda obs: family.mean_action(run.agent.policy(obs)), video_name)
-    sampled_returns, _ = run_episodes(run, lambda obs: family.env_action(family.sample(run.agent.policy(obs), noise)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one observation per env: one thread, and the same returns at any --torch-threads
+    try:
+        returns, lengths = run_episodes(run, lambda obs: family.mean_action(run.agent.policy(obs)), video_name)
+        sampled = run_episodes(run, lambda obs: family.env_action(family.sample(run.agent.policy(obs), noise)))[0]
+    finally:
+        torch.set_num_threads(threads)
     stats = {f"return_{k}": getattr(returns, k)() for k in ("mean", "std", "min", "max")}
-    stats |= {"length_mean": lengths.mean(), "sampled_return_mean": sampled_returns.mean()}
+    stats |= {"length_mean": lengths.mean(), "sampled_return_mean": sampled.mean()}
     stats["episodes_below_100"] = (returns < 100).sum()
     for name, value in stats.items():
         run.writer.add_scalar(f"eval/{name}", float(value), run.global_step)

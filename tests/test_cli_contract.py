@@ -626,21 +626,25 @@ INITIAL_WEIGHTS = (
 
 @pytest.mark.parametrize("name", NAMES)
 def test_same_seed_same_weights_under_one_and_two_threads(name, tmp_path):
-    """The initial weights, and the checkpoint of a short run whose update uses every thread it is given: the command
-    line puts MKL in its strict mode, so a product's sums do not depend on the thread count."""
+    """The initial weights, and the checkpoint of a short run whose update uses every thread it is given, with its final
+    evaluation's return: the command line puts MKL in its strict mode, so a product's sums do not depend on the thread
+    count, and the evaluation runs on one thread (two envs, whose products a second thread would split)."""
     # Walker's six actions: a 6-row head, whose gradient is the product MKL splits (cartpole's one row is not split).
     env = "CartPole-v1" if name == "ppo_discrete" else "dm_control/walker/walk"  # EnvPool for the continuous ones
     initial, trained = {}, {}
     for threads in ("1", "2"):
         out = tmp_path / threads
         cli = tiny_cli(name, "--total-timesteps", str(4 * BATCH), "--eval-interval", "0", "--output-dir", str(out), env=env)
+        cli += ["--eval-episodes", "2"]
         proc = run_cli("-c", [INITIAL_WEIGHTS, name, str(tmp_path / f"init{threads}.pt"), *cli], cwd=ROOT, script_dir=Path(""),
                        env={"OMP_NUM_THREADS": threads})  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         initial[threads] = torch.load(tmp_path / f"init{threads}.pt", weights_only=True)
         proc = run_cli(f"{name}.py", [*cli, "--output-dir", str(out / "trained")], env={"OMP_NUM_THREADS": threads})
         assert proc.returncode == 0, proc.stderr[-3000:]
-        trained[threads] = torch.load(single_run_dir(out / "trained") / f"{name}_last.pt", weights_only=True)["agent"]
+        trained[threads] = torch.load(single_run_dir(out / "trained") / f"{name}_last.pt", weights_only=True)
+    assert trained["1"]["eval_return"] == trained["2"]["eval_return"]
+    trained = {threads: ckpt["agent"] for threads, ckpt in trained.items()}
     for key in initial["1"]:
         assert torch.equal(initial["1"][key], initial["2"][key]), f"initial {key}"
         assert torch.equal(trained["1"][key], trained["2"][key]), f"trained {key}"
