@@ -815,7 +815,7 @@ def train(args: Args) -> dict:
     recent_returns = deque(maxlen=20)
     # The training return is the env's own episode's (the published tables' measure): the capped envs' episodes, which
     # end at --train-episode-steps, are left out of it.
-    first_uncapped = args.num_envs // 2 if args.train_episode_steps is not None else 0
+    first_uncapped = num_capped_envs(args)
     train_time, trained_steps = 0.0, 0
     save_checkpoint(run, "last")  # _last always holds the last completed update: Ctrl-C loses only unfinished work
     ctrl_c = DeferredCtrlC()
@@ -1112,6 +1112,11 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         self.pools = None
 
 
+def num_capped_envs(args: Args) -> int:
+    """How many training envs, the first ones, --train-episode-steps caps: half of them (none without it)."""
+    return args.num_envs // 2 if args.train_episode_steps is not None else 0
+
+
 def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.VectorEnv:
     """The training envs of --env-backend, with NEXT_STEP resets and episode statistics on both backends."""
     backend = choose_env_backend(args)[0] if args.env_backend == "auto" else args.env_backend
@@ -1119,7 +1124,8 @@ def make_training_envs(args: Args, seed: int, threads: int = 1) -> gym.vector.Ve
     if args.train_episode_steps is not None:  # a truncation, bootstrapped like the official limit's; never longer than it
         own = gym.spec(resolve_env_id(args.env_id)).max_episode_steps  # Reacher-v5 50, Pusher-v5 100; dm_control: None
         limit = min(n for n in (args.train_episode_steps, args.max_episode_steps, own) if n is not None)
-        limits[: args.num_envs // 2] = [limit] * (args.num_envs // 2)  # the first half; the rest keep the env's own
+        capped = num_capped_envs(args)
+        limits[:capped] = [limit] * capped  # the first half; the rest keep the env's own
     if backend == "gymnasium":
         return make_vector_env(args, args.num_envs, seed, limits=limits)
     gym_id = resolve_env_id(args.env_id)
