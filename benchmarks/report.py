@@ -175,16 +175,21 @@ def aggregate_cells(suite_name: str, scores: dict[str, np.ndarray], reps: int) -
     from rliable import library as rly
     from rliable import metrics
 
+    def iqm(x: np.ndarray) -> np.ndarray:
+        return np.array([metrics.aggregate_iqm(x)])
+
     rng_state = np.random.get_state()
-    np.random.seed(0)  # rliable resamples with numpy's global generator: the same intervals on every run
-    point, interval = rly.get_interval_estimates(scores, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps)
-    np.random.set_state(rng_state)
     rows = {}
     for name, x in scores.items():
+        # rliable resamples with numpy's global generator: seeded again for each row, so that a row's interval is the
+        # same on every run and never moves with the rows beside it
+        np.random.seed(0)
+        point, interval = rly.get_interval_estimates({name: x}, iqm, reps=reps)
         algo, tag = name.split(" [", 1)
         lo, hi = interval[name][:, 0]
         rows[name] = [f"| {suite_name}", algo, tag[:-1], str(x.shape[0]), str(x.size)]
         rows[name] += [f"{point[name][0]:.3f} [{lo:.3f}, {hi:.3f}]", f"{x.mean():.3f}"]
+    np.random.set_state(rng_state)
     return rows
 
 
@@ -241,7 +246,8 @@ TABLE30_HEADER = (
     "table30 (the rule for a default): the 22 dm_control tasks of table22 (return / RPO 8M) and the 8 MuJoCo tasks ((return -"
     " random) / (bar - random)), all at 1M, on the same seeds; a config qualifies when its 22-task IQM is at least"
     f" {RULE_CONTROL_IQM} and no MuJoCo task's mean score is under {RULE_MUJOCO_FLOOR} (nothing learns to fall);"
-    " `policy gaussian` scores the defaults' control-suite runs, since `--policy auto` trains the Gaussian there\n\n"
+    " `policy gaussian` scores the defaults' control-suite runs, since `--policy auto` trains the Gaussian there, and"
+    " `cleanrl_ppo` scores CleanRL's RPO runs of its tag there, the script CleanRL gives for dm_control\n\n"
     "| suite | algo | tag | seeds per task | runs | IQM over 30 tasks [95% CI] | mean over 30 tasks |"
     " 22-task IQM | lowest MuJoCo task (mean score) | qualifies |\n"
     "|---|---|---|---|---|---|---|---|---|---|"

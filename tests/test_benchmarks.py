@@ -437,8 +437,9 @@ SHORT |= {"finger/spin": (500_000, 553.3), "ball_in_cup/catch": (500_000, 619.9)
 
 def test_report_aggregates_normalised_scores_with_an_iqm_and_a_profile(tmp_path):
     """Config A: 4 seeds on every short-suite task; B: 3 seeds on one task, 4 elsewhere (it enters with 3 per task);
-    C lacks a task (left out). The IQM is checked against a trimmed mean written out here."""
-    lines, expected = [], {"A": [], "B": []}
+    C lacks a task (left out). The IQM is checked against a trimmed mean written out here, and B's interval against a
+    report of B's runs alone: a row's interval does not move with the rows beside it."""
+    lines, b_lines, expected = [], [], {"A": [], "B": []}
     for t, (task, (budget, bar)) in enumerate(SHORT.items()):
         for tag in ("A", "B", "C"):
             if tag == "C" and task == "walker/walk":
@@ -447,6 +448,7 @@ def test_report_aggregates_normalised_scores_with_an_iqm_and_a_profile(tmp_path)
             for seed in seeds:
                 final = bar * (0.5 + 0.11 * seed**3 + 0.09 * t + (0.3 if tag == "A" else 0.0))  # skewed: IQM < mean
                 lines += run_lines("vmpo_continuous", tag, f"dm_control/{task}", seed, budget, final)
+                b_lines += run_lines("vmpo_continuous", tag, f"dm_control/{task}", seed, budget, final) if tag == "B" else []
                 if tag == "A" or (tag == "B" and seed <= 3):
                     expected[tag].append(final / bar)
     (tmp_path / "s.csv").write_text(RESULT_HEADER + "".join(lines))
@@ -465,6 +467,11 @@ def test_report_aggregates_normalised_scores_with_an_iqm_and_a_profile(tmp_path)
         assert abs(iqm - sum(scores) / len(scores)) > 0.1  # so the check below tells the IQM from the mean
         assert point == pytest.approx(iqm, abs=1e-3) and lo <= point <= hi and hi - lo > 0.01
         assert float(cells[6]) == pytest.approx(sum(scores) / len(scores), abs=1e-3)
+    (tmp_path / "b.csv").write_text(RESULT_HEADER + "".join(b_lines))
+    proc = bench("report.py", tmp_path / "b.csv", "--out", tmp_path / "report_b")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    alone = [line for line in (tmp_path / "report_b" / "results.md").read_text().splitlines() if line.startswith("| short |")]
+    assert alone == rows[1:]
     import matplotlib.image
 
     image = matplotlib.image.imread(tmp_path / "report" / "profile_short.png")
