@@ -447,8 +447,9 @@ def test_report_aggregates_normalised_scores_with_an_iqm_and_a_profile(tmp_path)
             seeds = (1, 2, 3) if tag == "B" and task == "finger/spin" else (1, 2, 3, 4)
             for seed in seeds:
                 final = bar * (0.5 + 0.11 * seed**3 + 0.09 * t + (0.3 if tag == "A" else 0.0))  # skewed: IQM < mean
-                lines += run_lines("vmpo_continuous", tag, f"dm_control/{task}", seed, budget, final)
-                b_lines += run_lines("vmpo_continuous", tag, f"dm_control/{task}", seed, budget, final) if tag == "B" else []
+                run = run_lines("vmpo_continuous", tag, f"dm_control/{task}", seed, budget, final)
+                lines += run
+                b_lines += run if tag == "B" else []
                 if tag == "A" or (tag == "B" and seed <= 3):
                     expected[tag].append(final / bar)
     (tmp_path / "s.csv").write_text(RESULT_HEADER + "".join(lines))
